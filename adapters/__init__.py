@@ -1,0 +1,16 @@
+"""Per-framework front ends (roicore.adapters.tf, .paddle, .mxnet).
+
+Importing this package imports no framework: each adapter module is loaded on first
+attribute access, and only that module imports its framework.
+"""
+import importlib
+
+_ADAPTERS = ("tf", "paddle", "mxnet")
+
+__all__ = list(_ADAPTERS)
+
+
+def __getattr__(name):
+    if name in _ADAPTERS:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

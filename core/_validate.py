@@ -1,0 +1,174 @@
+"""Argument checks and normalisation for the NumPy API.
+
+Everything the kernels assume (see the contract at the top of ``_kernels.pyx``) is
+established here, before any kernel runs.  Messages name the argument, what was expected
+and what came.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+
+import numpy as np
+
+# Scaled box coordinates must stay within +-2**24 feature-map pixels: float32 stops
+# representing every integer there, and beyond 2**31 the frameworks' float-to-int
+# conversions are undefined behaviour.
+MAX_SCALED_COORD = float(2**24)
+
+# RoIAlign with adaptive sampling takes ceil(box/P)**2 samples per bin; a runaway box
+# would otherwise look like a hang.  2**20 samples per bin is a ~7000-pixel-wide bin.
+MAX_SAMPLES_PER_BIN = 2**20
+
+_FLOAT_DTYPES = (np.float16, np.float32, np.float64)
+
+
+def nchw_float(a, name, dims="(N, C, H, W)"):
+    """Return (C-contiguous array to compute on, dtype to return) for a 4-D float array
+    whose last two dimensions are at least 1.  float16 is computed in float32."""
+    arr = np.asarray(a)
+    if arr.ndim != 4:
+        raise ValueError(f"{name} must be a 4-D {dims} array, got shape {arr.shape}")
+    if arr.dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{name} must have dtype float16, float32 or float64, got {arr.dtype}")
+    if arr.shape[2] < 1 or arr.shape[3] < 1:
+        last = dims.strip("()").split(", ")[2:]
+        raise ValueError(f"{name} must have {last[0]} >= 1 and {last[1]} >= 1, got shape {arr.shape}")
+    compute = np.float32 if arr.dtype == np.float16 else arr.dtype
+    return np.ascontiguousarray(arr, dtype=compute), arr.dtype
+
+
+def input_shape(shape, name="input_shape"):
+    try:
+        shape = tuple(operator.index(s) for s in shape)
+    except TypeError:
+        raise TypeError(f"{name} must be a sequence of 4 ints (N, C, H, W), got {shape!r}") from None
+    if len(shape) != 4 or min(shape) < 0:
+        raise ValueError(f"{name} must be 4 non-negative ints (N, C, H, W), got {shape}")
+    if shape[2] < 1 or shape[3] < 1:
+        raise ValueError(f"{name} must have H >= 1 and W >= 1, got {shape}")
+    return shape
+
+
+def expect_shape(arr, shape, name):
+    if arr.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {arr.shape}")
+
+
+def pair(value, name):
+    """An int or a pair of ints, each >= 1, as a (h, w) tuple."""
+    items = value if isinstance(value, (tuple, list)) else (value, value)
+    if len(items) != 2:
+        raise ValueError(f"{name} must be an int or a pair (h, w), got {value!r}")
+    out = []
+    for v in items:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+            raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}")
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, got {value!r}")
+        out.append(int(v))
+    return tuple(out)
+
+
+def positive_scale(value, name="spatial_scale"):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be positive and finite, got {value!r}")
+    return value
+
+
+def sampling_ratio(value, name="sampling_ratio"):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < -1:
+        raise ValueError(f"{name} must be >= -1 (-1 or 0: adaptive), got {value}")
+    if value > 2**16:
+        raise ValueError(f"{name} must be <= 65536, got {value}")
+    return int(value)
+
+
+def flag(value, name):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return bool(value)
+
+
+def boxes_and_batch(boxes, batch_indices, n_images, dtype, name="boxes"):
+    """Split (K, 5) boxes or pair (K, 4) boxes with ``batch_indices``.
+
+    Returns C-contiguous (K, 4) boxes in ``dtype`` and int64 (K,) batch indices, checked to
+    be finite, integral and within [0, n_images).
+    """
+    arr = np.asarray(boxes)
+    if arr.dtype.kind not in "fiu":
+        raise TypeError(f"{name} must be a real numeric array, got dtype {arr.dtype}")
+    if arr.ndim != 2 or arr.shape[1] not in (4, 5):
+        raise ValueError(f"{name} must have shape (K, 5) [batch, x1, y1, x2, y2] or (K, 4) "
+                         f"[x1, y1, x2, y2] with batch_indices, got shape {arr.shape}")
+    if arr.shape[1] == 5:
+        if batch_indices is not None:
+            raise ValueError(f"{name} has a batch column (shape {arr.shape}); "
+                             "batch_indices must then be None")
+        col = arr[:, 0]
+        if not np.all(np.isfinite(col)):
+            k = int(np.flatnonzero(~np.isfinite(col))[0])
+            raise ValueError(f"{name}[{k}, 0] (batch index) must be finite, got {col[k]}")
+        if np.any(col != np.floor(col)):
+            k = int(np.flatnonzero(col != np.floor(col))[0])
+            raise ValueError(f"{name}[{k}, 0] (batch index) must be an integer, got {col[k]}")
+        batch = col.astype(np.int64)
+        batch_name = f"{name}[:, 0]"
+        coords = arr[:, 1:]
+    else:
+        if batch_indices is None:
+            raise ValueError(f"{name} has shape {arr.shape} (no batch column): pass "
+                             "batch_indices, or (K, 5) boxes [batch, x1, y1, x2, y2]")
+        b = np.asarray(batch_indices)
+        if b.dtype.kind not in "iu":
+            raise TypeError(f"batch_indices must have an integer dtype, got {b.dtype}")
+        if b.shape != (arr.shape[0],):
+            raise ValueError(f"batch_indices must have shape ({arr.shape[0]},) to match "
+                             f"{name}, got {b.shape}")
+        batch = b.astype(np.int64)
+        batch_name = "batch_indices"
+        coords = arr
+    if batch.size:
+        bad = np.flatnonzero((batch < 0) | (batch >= n_images))
+        if bad.size:
+            k = int(bad[0])
+            raise ValueError(f"{batch_name}[{k}] = {batch[k]} is out of range for a feature "
+                             f"map with N={n_images} images (expected 0 <= index < {n_images})")
+    coords = np.ascontiguousarray(coords, dtype=dtype)
+    if not np.all(np.isfinite(coords)):
+        k, j = (int(i[0]) for i in np.nonzero(~np.isfinite(coords)))
+        raise ValueError(f"{name} coordinates must be finite, got {coords[k, j]} "
+                         f"in box {k}")
+    return coords, np.ascontiguousarray(batch)
+
+
+def coordinate_range(coords, scale_x, scale_y, name="boxes"):
+    """Reject boxes whose scaled coordinates leave +-MAX_SCALED_COORD (see above)."""
+    if coords.size == 0:
+        return
+    reach = np.abs(coords.astype(np.float64)) * np.array([scale_x, scale_y, scale_x, scale_y])
+    if reach.max() > MAX_SCALED_COORD:
+        k, j = np.unravel_index(int(np.argmax(reach)), reach.shape)
+        raise ValueError(f"{name}[{k}] coordinate {coords[k, j]} lies {reach[k, j]:.3g} "
+                         f"feature-map pixels from the origin; at most 2**24 is supported")
+
+
+def adaptive_grid(coords, spatial_scale, output_size, sampling_ratio_, aligned, name="boxes"):
+    """Reject boxes whose adaptive RoIAlign grid would exceed MAX_SAMPLES_PER_BIN."""
+    if sampling_ratio_ > 0 or coords.size == 0:
+        return
+    size = (coords[:, 2:] - coords[:, :2]).astype(np.float64) * spatial_scale
+    grid = np.ceil(np.maximum(size, 0) / np.array(output_size[::-1], dtype=np.float64))
+    samples = grid[:, 0] * grid[:, 1]
+    if samples.max() > MAX_SAMPLES_PER_BIN:
+        k = int(np.argmax(samples))
+        raise ValueError(f"{name}[{k}] would take {int(grid[k, 1])} x {int(grid[k, 0])} samples "
+                         f"per bin with adaptive sampling (sampling_ratio={sampling_ratio_}); at "
+                         f"most {MAX_SAMPLES_PER_BIN} are supported: pass sampling_ratio > 0")

@@ -1,0 +1,163 @@
+"""Named conventions: the per-framework arithmetic choices that decide bit-exactness.
+
+Every RoI operator in roicore computes one formula family, but the frameworks differ in
+details that change the last bit (or, for bin edges, a whole pixel).  A *convention* is a
+frozen record of those choices; each operator accepts a framework name ("mxnet",
+"paddle", ...) or a rules object, so an adapter selects its framework's behaviour with one
+argument and a reader can print the rules to see exactly what was chosen.
+
+The choices and why they exist are described in each class below; the framework source
+each one follows is named in the table entry.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Union
+
+__all__ = [
+    "MaxPoolRules", "BilinearPoolRules", "PSRoIPoolRules", "RoIAlignRules",
+    "MAX_POOL", "BILINEAR_POOL", "PSROI_POOL", "ROI_ALIGN", "resolve",
+]
+
+
+@dataclass(frozen=True)
+class MaxPoolRules:
+    """RoI max pooling (Fast R-CNN integer RoI): ``round(x*s)``, ``+1``, at least 1x1.
+
+    bin_arithmetic
+        How ``floor(p*rh/P)`` and ``ceil((p+1)*rh/P)`` are evaluated. ``"input"``: in the
+        input dtype (MXNet, torchvision, OpenVINO reference); ``"float32"``: always in
+        float32 (Paddle, even for float64 input); ``"exact"``: integer arithmetic (OpenVINO
+        CPU plugin).  Float bins are off by one for some (rh, P), e.g. P=7 and rh=57 in
+        float32, so the choice is visible in the output.
+    scale_precision
+        ``"float32"``: spatial_scale is a C ``float`` attribute, so float64 input multiplies
+        by ``double(float32(s))`` (MXNet, Paddle, OpenVINO); ``"input"``: cast to the input
+        dtype (torchvision).
+    initial
+        Start value of the running max in a non-empty bin. ``"-FLT_MAX"`` (MXNet,
+        torchvision; also for float64), ``"lowest"`` (-max of the input dtype: Paddle,
+        OpenVINO reference), ``"nan"`` (OpenVINO CPU plugin: the first element, which with
+        ``fmax`` is the same as starting from NaN).  Visible only for bins whose values are
+        all NaN, all -inf or below -FLT_MAX.
+    compare
+        ``"greater"``: take v when ``v > m`` (first maximum wins, NaN never taken);
+        ``"std_max"``: ``m = (v < m) ? m : v`` (OpenVINO reference; a later equal value
+        wins, NaN is taken and then replaced by the next value); ``"fmax"``: C ``fmax``
+        (NaN ignored; the first maximum keeps the argmax).
+    argmax
+        Index encoding of the returned argmax: ``"plane"`` is ``h*W + w`` (Paddle,
+        torchvision), ``"global"`` is the flat index into the whole input (MXNet). Empty
+        bins always give -1.
+    argmax_dtype
+        ``"int32"`` or ``"int64"``, as the framework stores it.
+    """
+
+    bin_arithmetic: Literal["input", "float32", "exact"]
+    scale_precision: Literal["float32", "input"]
+    initial: Literal["-FLT_MAX", "lowest", "nan"]
+    compare: Literal["greater", "std_max", "fmax"]
+    argmax: Literal["plane", "global"]
+    argmax_dtype: Literal["int32", "int64"]
+
+
+@dataclass(frozen=True)
+class BilinearPoolRules:
+    """OpenVINO ``ROIPooling`` method "bilinear" = TF ``crop_and_resize`` sampling.
+
+    Boxes are normalised to [0, 1]; sample k of P lies at ``y1*(H-1) + k*(y2-y1)*(H-1)/(P-1)``
+    (corners included), P == 1 samples the box centre, samples outside [0, H-1] give the
+    extrapolation value (0 unless the caller sets it).
+
+    pin_last
+        OpenVINO writes the last sample as exactly ``(H-1)*y2`` instead of accumulating
+        ``y1*(H-1) + (P-1)*step`` (TF does the latter); the two differ in the last bit.
+    """
+
+    pin_last: bool
+
+
+@dataclass(frozen=True)
+class PSRoIPoolRules:
+    """R-FCN position-sensitive average pooling (MXNet PSROIPooling, Paddle psroi_pool).
+
+    Coordinates are rounded *before* scaling, ``+1`` is added before scaling, the minimum
+    size is 0.1 and the bin offset is added before floor/ceil.  MXNet and Paddle are
+    identical here (both hold spatial_scale as a C float); MXNet additionally allows a
+    group size different from the pooled size, which the operator takes as an argument.
+
+    scale_precision
+        As in :class:`MaxPoolRules`.
+    """
+
+    scale_precision: Literal["float32", "input"]
+
+
+@dataclass(frozen=True)
+class RoIAlignRules:
+    """RoIAlign (Mask R-CNN) with the Caffe2 sampler or Paddle's forward variant.
+
+    sampler
+        ``"caffe2"``: ``y = y1 + ph*bin + (iy+.5)*bin/g``, weights ``1-ly``, the bin sum
+        divided by the count (MXNet ROIAlign, torchvision roi_align).  ``"paddle"``:
+        ``y = y1 + bin*(ph + (iy+.5)/g)``, weights ``y_high - y``, the sum multiplied by
+        ``1/count`` (Paddle roi_align forward); the two differ in the last bit.
+    scale_precision
+        As in :class:`MaxPoolRules`.
+    empty_grid
+        What a bin with no samples (aligned boxes of size <= 0 with adaptive sampling)
+        returns: ``"zero"`` (torchvision; MXNet aborts instead) or ``"nan"`` (Paddle computes
+        ``0 * (1/0)``).
+    backward_min_size_always
+        Paddle's backward clamps the box size to at least 1 even when ``aligned`` is True,
+        so its gradient uses a different box than its forward for boxes narrower than 1.
+    """
+
+    sampler: Literal["caffe2", "paddle"]
+    scale_precision: Literal["float32", "input"]
+    empty_grid: Literal["zero", "nan"]
+    backward_min_size_always: bool
+
+
+MAX_POOL = {
+    "mxnet": MaxPoolRules("input", "float32", "-FLT_MAX", "greater", "global", "int32"),
+    "paddle": MaxPoolRules("float32", "float32", "lowest", "greater", "plane", "int64"),
+    "torchvision": MaxPoolRules("input", "input", "-FLT_MAX", "greater", "plane", "int32"),
+    "openvino": MaxPoolRules("input", "float32", "lowest", "std_max", "plane", "int64"),
+    "openvino_cpu": MaxPoolRules("exact", "float32", "nan", "fmax", "plane", "int64"),
+}
+
+BILINEAR_POOL = {
+    "openvino": BilinearPoolRules(pin_last=True),
+    "tensorflow": BilinearPoolRules(pin_last=False),
+}
+
+PSROI_POOL = {
+    "mxnet": PSRoIPoolRules("float32"),
+    "paddle": PSRoIPoolRules("float32"),
+}
+
+ROI_ALIGN = {
+    "mxnet": RoIAlignRules("caffe2", "float32", "zero", False),
+    "torchvision": RoIAlignRules("caffe2", "input", "zero", False),
+    "paddle": RoIAlignRules("paddle", "float32", "nan", True),
+}
+
+Rules = Union[MaxPoolRules, BilinearPoolRules, PSRoIPoolRules, RoIAlignRules]
+
+
+def resolve(convention, table: dict, rules_type: type, op: str):
+    """Turn a framework name or a rules object into the rules object for ``op``."""
+    if isinstance(convention, rules_type):
+        return convention
+    if isinstance(convention, str):
+        try:
+            return table[convention]
+        except KeyError:
+            raise ValueError(
+                f"convention must be one of {sorted(table)} for {op}, got {convention!r}"
+            ) from None
+    raise TypeError(
+        f"convention must be a framework name (str) or a {rules_type.__name__}, "
+        f"got {type(convention).__name__}"
+    )

@@ -1,0 +1,342 @@
+"""RoI operators on NumPy arrays: validate, resolve the convention, call the kernels.
+
+Shared vocabulary (every operator):
+
+x : ndarray of shape (N, C, H, W), float16, float32 or float64
+    Feature maps, NCHW.  Any strides; read-only arrays are fine.  float16 is computed in
+    float32 and returned as float16.
+boxes : ndarray of shape (K, 5) or (K, 4)
+    ``[batch, x1, y1, x2, y2]`` rows, or ``[x1, y1, x2, y2]`` rows with ``batch_indices``.
+    Coordinates are in input-image pixels (feature pixels = image pixels * spatial_scale),
+    x is the column and y the row.  They are cast to the compute dtype, as every framework
+    stores them in the feature dtype.  A batch column must hold integral values.
+batch_indices : ndarray of shape (K,), integer, optional
+    The image of each box when ``boxes`` has 4 columns.
+output_size : int or (int, int)
+    Pooled height and width.
+spatial_scale : float
+    Feature-map size over image size (1/16 for a stride-16 backbone).
+convention : str or rules object
+    Whose arithmetic to reproduce bit for bit; see :mod:`roicore.core.conventions`.
+n_threads : int or None
+    OpenMP threads; see :func:`roicore.core.effective_n_threads`.  Results do not depend
+    on it.
+
+Backward functions return the gradient with respect to ``x`` for an upstream gradient of
+the forward output's shape; boxes receive no gradient (as in every framework here).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import _kernels
+from . import _validate as V
+from ._threads import effective_n_threads
+from .conventions import (
+    BILINEAR_POOL, MAX_POOL, PSROI_POOL, ROI_ALIGN,
+    BilinearPoolRules, MaxPoolRules, PSRoIPoolRules, RoIAlignRules, resolve,
+)
+
+__all__ = [
+    "roi_pool", "roi_pool_backward", "psroi_pool", "psroi_pool_backward",
+    "roi_align", "roi_align_backward",
+]
+
+_METHODS = ("max", "bilinear")
+_BINS = {"float32": 0, "float64": 1, "exact": 2}
+_COMPARE = {"greater": 0, "std_max": 1, "fmax": 2}
+_SAMPLER = {"caffe2": 0, "paddle": 1}
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def _scale_for(rules, spatial_scale, dtype):
+    """spatial_scale as the framework holds it: a C float attribute, or the input dtype."""
+    if rules.scale_precision == "float32":
+        return float(np.float32(spatial_scale))
+    return float(np.dtype(dtype).type(spatial_scale))
+
+
+def _method(method):
+    if method not in _METHODS:
+        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    return method
+
+
+def _pool_rules(method, convention):
+    if method == "max":
+        return resolve("mxnet" if convention is None else convention, MAX_POOL, MaxPoolRules,
+                       "roi_pool(method='max')")
+    return resolve("openvino" if convention is None else convention, BILINEAR_POOL,
+                   BilinearPoolRules, "roi_pool(method='bilinear')")
+
+
+def _max_kernel_args(rules, dtype):
+    bins = rules.bin_arithmetic
+    if bins == "input":
+        bins = "float32" if dtype == np.float32 else "float64"
+    if rules.initial == "-FLT_MAX":
+        initial = -_FLT_MAX
+    elif rules.initial == "lowest":
+        initial = float(np.finfo(dtype).min)
+    else:
+        initial = float("nan")
+    return _BINS[bins], _COMPARE[rules.compare], initial
+
+
+def _argmax_dtype(rules, n_elements):
+    """The framework's argmax dtype, widened when the indices would not fit."""
+    if rules.argmax_dtype == "int32" and n_elements < 2**31:
+        return np.int32
+    return np.int64
+
+
+def _plane_offsets(batch, shape):
+    """(K, C, 1, 1) offsets of each (box, channel) plane inside the flattened input."""
+    N, C, H, W = shape
+    base = (batch.astype(np.int64)[:, None] * C + np.arange(C, dtype=np.int64)[None, :]) * (H * W)
+    return base[:, :, None, None]
+
+
+def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, method="max",
+             convention=None, return_argmax=False, extrapolation_value=0.0, n_threads=None):
+    """RoI pooling: max (Fast R-CNN) or bilinear (OpenVINO ROIPooling "bilinear").
+
+    method="max" (default convention "mxnet"; also "paddle", "torchvision", "openvino",
+    "openvino_cpu")
+        Each box is snapped to feature pixels, ``round(x*s)`` with halves away from zero,
+        given an inclusive ``+1`` extent, and split into ``output_size`` bins with
+        ``floor(p*rh/P)`` .. ``ceil((p+1)*rh/P)``, clamped to the map; each output is the
+        bin's maximum.  Empty bins give 0 and argmax -1.  A box larger than the map is
+        clamped to it; a box entirely outside gives 0 everywhere; a reversed or zero-size
+        box is the single pixel at ``(round(y1*s), round(x1*s))``.
+    method="bilinear" (default convention "openvino"; also "tensorflow")
+        Boxes are normalised to [0, 1] (``x * (W-1)`` is the column); ``spatial_scale`` is
+        validated but not used, as in OpenVINO.  Output cell (i, j) samples the map
+        bilinearly at evenly spaced points from corner to corner of the box (the centre
+        when the size is 1), like ``tf.image.crop_and_resize``.  Samples outside
+        [0, H-1] x [0, W-1] give ``extrapolation_value``; a reversed box gives a flipped
+        crop; a zero-size box repeats one sample.
+
+    Returns
+    -------
+    y : ndarray of shape (K, C, PH, PW), x's dtype
+    argmax : ndarray of shape (K, C, PH, PW), only with ``return_argmax`` (max only)
+        The selected element, encoded as the convention's framework does ("plane": h*W+w,
+        "global": the flat index into x); -1 where nothing was selected.
+    K = 0 gives an empty (0, C, PH, PW) result.
+    """
+    method = _method(method)
+    rules = _pool_rules(method, convention)
+    return_argmax = V.flag(return_argmax, "return_argmax")
+    if return_argmax and method != "max":
+        raise ValueError("return_argmax=True needs method='max'; bilinear pooling has no argmax")
+    xc, out_dtype = V.nchw_float(x, "x")
+    PH, PW = V.pair(output_size, "output_size")
+    spatial_scale = V.positive_scale(spatial_scale)
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, xc.shape[0], xc.dtype)
+    threads = effective_n_threads(n_threads)
+    N, C, H, W = xc.shape
+    out = np.empty((coords.shape[0], C, PH, PW), xc.dtype)
+    if method == "max":
+        scale = _scale_for(rules, spatial_scale, xc.dtype)
+        V.coordinate_range(coords, scale, scale)
+        bins, compare, initial = _max_kernel_args(rules, xc.dtype)
+        argmax = np.empty(out.shape, _argmax_dtype(rules, H * W))
+        _kernels.roi_pool_max_forward(xc, coords, batch, scale, bins, compare, initial,
+                                      out, argmax, threads)
+        y = out.astype(out_dtype, copy=False)
+        if not return_argmax:
+            return y
+        if rules.argmax == "global":
+            flat = argmax.astype(np.int64) + _plane_offsets(batch, xc.shape)
+            argmax = np.where(argmax >= 0, flat, -1).astype(_argmax_dtype(rules, xc.size))
+        return y, argmax
+    if isinstance(extrapolation_value, bool) or not np.isscalar(extrapolation_value):
+        raise TypeError(f"extrapolation_value must be a real number, got {extrapolation_value!r}")
+    V.coordinate_range(coords, W - 1, H - 1)
+    _kernels.roi_pool_bilinear_forward(xc, coords, batch, rules.pin_last,
+                                       float(extrapolation_value), out, threads)
+    return out.astype(out_dtype, copy=False)
+
+
+def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, batch_indices=None,
+                      method="max", convention=None, argmax=None, n_threads=None):
+    """Gradient of :func:`roi_pool` with respect to x.
+
+    method="max" scatters each output gradient to its argmax (as returned by the forward
+    with ``return_argmax=True`` and the same convention), in (box, channel, ph, pw) order;
+    ``spatial_scale`` is not used.  method="bilinear" is the adjoint of the sampling, in
+    the arithmetic of TF's ``CropAndResizeGradImage``.
+    """
+    method = _method(method)
+    rules = _pool_rules(method, convention)
+    shape = V.input_shape(input_shape)
+    N, C, H, W = shape
+    g, out_dtype = V.nchw_float(grad_output, "grad_output", "(K, C, PH, PW)")
+    V.positive_scale(spatial_scale)
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype)
+    V.expect_shape(g, (coords.shape[0], C) + g.shape[2:], "grad_output")
+    threads = effective_n_threads(n_threads)
+    dx = np.zeros(shape, g.dtype)
+    if method == "max":
+        if argmax is None:
+            raise TypeError("roi_pool_backward(method='max') needs the argmax returned by "
+                            "roi_pool(..., return_argmax=True)")
+        plane_idx = _plane_argmax(argmax, rules, g.shape, batch, shape)
+        _kernels.roi_pool_max_backward(g, plane_idx, batch, dx, threads)
+    else:
+        V.coordinate_range(coords, W - 1, H - 1)
+        _kernels.roi_pool_bilinear_backward(g, coords, batch, rules.pin_last, dx, threads)
+    return dx.astype(out_dtype, copy=False)
+
+
+def _plane_argmax(argmax, rules, expected_shape, batch, input_shape):
+    """Check an argmax from the forward and return it as per-plane indices (h*W + w)."""
+    a = np.asarray(argmax)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"argmax must have an integer dtype, got {a.dtype}")
+    if a.shape != tuple(expected_shape):
+        raise ValueError(f"argmax must have shape {tuple(expected_shape)}, got {a.shape}")
+    H, W = input_shape[2], input_shape[3]
+    if rules.argmax == "global":
+        a = a.astype(np.int64)
+        a = np.where(a >= 0, a - _plane_offsets(batch, input_shape), -1)
+    a = np.ascontiguousarray(a, dtype=np.int64 if a.dtype.itemsize > 4 else np.int32)
+    if a.size and (a.min() < -1 or a.max() >= H * W):
+        raise ValueError(f"argmax holds indices outside [-1, {H * W}) for {rules.argmax!r} "
+                         f"encoding and input shape {tuple(input_shape)}; pass the argmax "
+                         "returned by roi_pool with the same boxes and convention")
+    return a
+
+
+def _psroi_setup(output_size, group_size, C, output_channels):
+    PH, PW = V.pair(output_size, "output_size")
+    GH, GW = (PH, PW) if group_size is None else V.pair(group_size, "group_size")
+    if output_channels is None:
+        if C % (GH * GW):
+            raise ValueError(f"x has C={C} channels, which is not a multiple of the group area "
+                             f"{GH}x{GW}={GH * GW}")
+        output_channels = C // (GH * GW)
+    elif isinstance(output_channels, bool) or not isinstance(output_channels, (int, np.integer)):
+        raise TypeError(f"output_channels must be an int, got {type(output_channels).__name__}")
+    if output_channels < 1 or C != output_channels * GH * GW:
+        raise ValueError(f"x must have output_channels * {GH} * {GW} = {output_channels * GH * GW} "
+                         f"channels (output_channels={output_channels}, group {GH}x{GW}), got C={C}")
+    return PH, PW, GH, GW, int(output_channels)
+
+
+def psroi_pool(x, boxes, output_size, spatial_scale=1.0, *, output_channels=None, group_size=None,
+               batch_indices=None, convention="paddle", n_threads=None):
+    """Position-sensitive RoI average pooling (R-FCN), as Paddle psroi_pool / MXNet PSROIPooling.
+
+    Box coordinates are rounded *before* scaling, the end gets ``+1`` before scaling, the
+    box is at least 0.1 feature pixels wide, and bin p spans ``floor(start + p*bin)`` ..
+    ``ceil(start + (p+1)*bin)`` clamped to the map.  Output channel d at cell (ph, pw)
+    averages input channel ``(d*GH + gh)*GW + gw``, where (gh, gw) is the group cell of
+    (ph, pw) (``floor(ph*GH/PH)``; the cell itself when ``group_size`` is the pooled size).
+    Empty bins (a box outside the map) give 0; a reversed or zero-size box is a 0.1-wide
+    box at its start, so each bin covers one or two pixels.
+
+    output_channels : int, optional
+        D; x must have exactly ``D * GH * GW`` channels (inferred when omitted).
+    group_size : int or (int, int), optional
+        MXNet's ``group_size`` (GH, GW); defaults to ``output_size``.
+
+    Returns an array of shape (K, D, PH, PW).  Conventions "paddle" and "mxnet" compute the
+    same numbers (both keep spatial_scale as a C float).
+    """
+    rules = resolve(convention, PSROI_POOL, PSRoIPoolRules, "psroi_pool")
+    xc, out_dtype = V.nchw_float(x, "x")
+    N, C, H, W = xc.shape
+    PH, PW, GH, GW, D = _psroi_setup(output_size, group_size, C, output_channels)
+    spatial_scale = V.positive_scale(spatial_scale)
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype)
+    scale = _scale_for(rules, spatial_scale, xc.dtype)
+    V.coordinate_range(coords, scale, scale)
+    out = np.empty((coords.shape[0], D, PH, PW), xc.dtype)
+    _kernels.psroi_pool_forward(xc, coords, batch, scale, GH, GW, out, effective_n_threads(n_threads))
+    return out.astype(out_dtype, copy=False)
+
+
+def psroi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, group_size=None,
+                        batch_indices=None, convention="paddle", n_threads=None):
+    """Gradient of :func:`psroi_pool`: each output gradient divided by its bin area, added
+    to every pixel of the bin, in (box, channel, ph, pw) order."""
+    rules = resolve(convention, PSROI_POOL, PSRoIPoolRules, "psroi_pool_backward")
+    shape = V.input_shape(input_shape)
+    N, C, H, W = shape
+    g, out_dtype = V.nchw_float(grad_output, "grad_output", "(K, D, PH, PW)")
+    _, _, GH, GW, D = _psroi_setup(g.shape[2:], group_size, C, None)
+    spatial_scale = V.positive_scale(spatial_scale)
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype)
+    V.expect_shape(g, (coords.shape[0], D) + g.shape[2:], "grad_output")
+    scale = _scale_for(rules, spatial_scale, g.dtype)
+    V.coordinate_range(coords, scale, scale)
+    dx = np.zeros(shape, g.dtype)
+    _kernels.psroi_pool_backward(g, coords, batch, scale, GH, GW, dx, effective_n_threads(n_threads))
+    return dx.astype(out_dtype, copy=False)
+
+
+def _align_setup(convention, spatial_scale, sampling_ratio, aligned, op):
+    rules = resolve(convention, ROI_ALIGN, RoIAlignRules, op)
+    return (rules, V.positive_scale(spatial_scale), V.sampling_ratio(sampling_ratio),
+            V.flag(aligned, "aligned"))
+
+
+def roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, aligned=False, *,
+              batch_indices=None, convention="mxnet", n_threads=None):
+    """RoIAlign (Mask R-CNN): the average of bilinear samples on a regular grid per bin.
+
+    The box is ``x*s - 0.5`` .. ``x2*s - 0.5`` when ``aligned`` (pixel centres), else
+    ``x*s`` .. ``x2*s`` widened to at least 1 pixel.  Each bin takes ``sampling_ratio``
+    samples per axis, or ``ceil(bin size)`` when ``sampling_ratio`` is -1 or 0.  Samples
+    beyond one pixel outside the map weigh 0 but still count in the average (and read
+    pixel (0, 0) with weight 0, so a NaN there propagates, as in the frameworks).
+
+    convention
+        "mxnet" (default) and "torchvision": the Caffe2 sampler (they differ only in how
+        spatial_scale is held for float64); "paddle": Paddle's forward arithmetic, which
+        differs from Caffe2 in the last bit.
+    Edge cases: a box outside the map gives 0; with ``aligned=False`` reversed and
+    zero-size boxes become 1-pixel boxes; with ``aligned=True`` and adaptive sampling a box
+    of size <= 0 has no samples and gives 0 ("mxnet", "torchvision"; MXNet itself aborts)
+    or NaN ("paddle", as Paddle computes 0 * (1/0)); with a fixed ``sampling_ratio`` a
+    reversed aligned box is sampled back to front.
+    """
+    rules, spatial_scale, sampling_ratio, aligned = _align_setup(
+        convention, spatial_scale, sampling_ratio, aligned, "roi_align")
+    xc, out_dtype = V.nchw_float(x, "x")
+    N, C, H, W = xc.shape
+    PH, PW = V.pair(output_size, "output_size")
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype)
+    scale = _scale_for(rules, spatial_scale, xc.dtype)
+    V.coordinate_range(coords, scale, scale)
+    V.adaptive_grid(coords, scale, (PH, PW), sampling_ratio, aligned)
+    out = np.empty((coords.shape[0], C, PH, PW), xc.dtype)
+    _kernels.roi_align_forward(xc, coords, batch, scale, sampling_ratio, aligned,
+                               _SAMPLER[rules.sampler], rules.empty_grid == "nan", out,
+                               effective_n_threads(n_threads))
+    return out.astype(out_dtype, copy=False)
+
+
+def roi_align_backward(grad_output, boxes, input_shape, spatial_scale=1.0, sampling_ratio=-1,
+                       aligned=False, *, batch_indices=None, convention="mxnet", n_threads=None):
+    """Gradient of :func:`roi_align` in the Caffe2 arithmetic used by all three frameworks'
+    backward passes (``g * w / count`` added to the four neighbours of every in-range
+    sample).  Convention "paddle" reproduces Paddle's backward, which widens boxes to at
+    least 1 pixel even when ``aligned``."""
+    rules, spatial_scale, sampling_ratio, aligned = _align_setup(
+        convention, spatial_scale, sampling_ratio, aligned, "roi_align_backward")
+    shape = V.input_shape(input_shape)
+    N, C, H, W = shape
+    g, out_dtype = V.nchw_float(grad_output, "grad_output", "(K, C, PH, PW)")
+    PH, PW = g.shape[2:]
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype)
+    V.expect_shape(g, (coords.shape[0], C, PH, PW), "grad_output")
+    scale = _scale_for(rules, spatial_scale, g.dtype)
+    V.coordinate_range(coords, scale, scale)
+    V.adaptive_grid(coords, scale, (PH, PW), sampling_ratio, aligned)
+    dx = np.zeros(shape, g.dtype)
+    _kernels.roi_align_backward(g, coords, batch, scale, sampling_ratio, aligned,
+                                rules.backward_min_size_always, dx, effective_n_threads(n_threads))
+    return dx.astype(out_dtype, copy=False)
