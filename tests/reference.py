@@ -1,0 +1,721 @@
+"""Slow, loop-based reference implementations of the roicore operators.
+
+Written from the formulas in ``shared/spec/semantics.md`` (sections 1-6), independently of the
+compiled kernels: explicit Python loops over RoIs, channels, bins and pixels, in the same order
+as the framework kernels, so that the *accumulation order* is also the reference one.
+
+Arithmetic dtype
+----------------
+Every quantity the C kernels compute in the template type ``T`` is computed here as a numpy
+scalar of that type (``np.float32`` or ``np.float64``), one operation at a time, so each
+intermediate result is rounded exactly as binary32/binary64 arithmetic rounds it (x86-64 SSE,
+no FMA contraction).  A value that C computes in ``double`` (e.g. ``0.5 * (y1 + y2) * (H - 1)``
+or Paddle's ``1.0 / count``) is computed as a Python float and then cast to ``T``.
+
+* ``c_round`` is C ``round``: halves go away from zero (Python ``round`` and ``np.rint`` go to
+  even).
+* floor/ceil/truncation are ``math.floor`` / ``math.ceil`` / ``int`` on the exact scalar.
+* ``rules`` arguments are the convention records of ``roicore.core.conventions`` (any object with
+  the same attribute names works).
+
+float16 is not handled here: the core computes float16 in float32, so a test casts to float32
+before calling the reference.  Batch indices outside ``[0, N)`` and non-finite box coordinates
+(undefined behaviour in the framework kernels) raise ``ValueError``.
+
+Nothing here imports compiled roicore code.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = [
+    "FLT_MAX", "c_round", "caffe_bin_edges",
+    "roi_pool_max", "roi_pool_max_backward",
+    "roi_pool_bilinear", "roi_pool_bilinear_backward",
+    "psroi_pool", "psroi_pool_backward",
+    "roi_align", "roi_align_backward",
+    "numeric_grad",
+]
+
+#: C ``FLT_MAX`` as a Python float (exact).
+FLT_MAX = float(np.finfo(np.float32).max)
+
+
+# ---------------------------------------------------------------------------------------------
+# small helpers
+# ---------------------------------------------------------------------------------------------
+
+def c_round(v) -> int:
+    """C ``round``: nearest integer, halves away from zero; returns a Python int.
+
+    Exact for every binary32/binary64 input (the fractional part ``v - floor(v)`` of a float is
+    exactly representable, so no ``v + 0.5`` double-rounding trap).
+    """
+    v = float(v)
+    if not math.isfinite(v):
+        raise ValueError(f"cannot round non-finite value {v!r} (undefined behaviour in C)")
+    lo = math.floor(v)
+    frac = v - lo
+    if frac > 0.5:
+        return lo + 1
+    if frac < 0.5:
+        return lo
+    return lo + 1 if v > 0 else lo          # exact half: away from zero
+
+
+def _real_type(a) -> type:
+    """The numpy scalar type T of a float32/float64 array."""
+    dt = np.asarray(a).dtype
+    if dt == np.float32:
+        return np.float32
+    if dt == np.float64:
+        return np.float64
+    raise TypeError(f"reference handles float32 and float64 only, got {dt}")
+
+
+def _pair(size) -> tuple[int, int]:
+    if isinstance(size, (int, np.integer)):
+        return int(size), int(size)
+    a, b = size
+    return int(a), int(b)
+
+
+def _scale(T, spatial_scale, precision):
+    """spatial_scale as the kernel holds it, as a T scalar.
+
+    ``"float32"``: a C ``float`` attribute, promoted to T (``double(float(s))`` for float64);
+    ``"input"``: the Python double cast to T (torchvision).
+    """
+    if precision == "float32":
+        return T(np.float32(spatial_scale))
+    if precision == "input":
+        return T(spatial_scale)
+    raise ValueError(f"unknown scale_precision {precision!r}")
+
+
+def _batch_index(batch, n, N) -> int:
+    b = int(batch[n])
+    if not 0 <= b < N:
+        raise ValueError(f"batch index {b} of box {n} is outside [0, {N})")
+    return b
+
+
+def _box(boxes, n, T):
+    vals = tuple(T(v) for v in boxes[n])
+    return vals
+
+
+def _clamp(v, lo, hi) -> int:
+    return min(max(v, lo), hi)
+
+
+def _boxes_as(boxes, T):
+    boxes = np.asarray(boxes).astype(T, copy=False).reshape(-1, 4)
+    return boxes
+
+
+# ---------------------------------------------------------------------------------------------
+# RoI max pooling (Caffe / Fast R-CNN integer RoI), semantics.md section 1, 2.1, 3.2, 4.2, 4.5
+# ---------------------------------------------------------------------------------------------
+
+def caffe_bin_edges(rh: int, P: int, arithmetic: str, T=np.float32) -> list[tuple[int, int]]:
+    """Relative ``[start, end)`` of the P bins of an integer RoI spanning ``rh`` pixels.
+
+    ``arithmetic``: ``"input"`` (bins in T), ``"float32"`` (always binary32), ``"exact"``
+    (integer floor/ceil of ``k*rh/P``).
+    """
+    if arithmetic == "exact":
+        return [((k * rh) // P, -((-(k + 1) * rh) // P)) for k in range(P)]
+    if arithmetic == "float32":
+        B = np.float32
+    elif arithmetic == "input":
+        B = T
+    else:
+        raise ValueError(f"unknown bin_arithmetic {arithmetic!r}")
+    bin_size = B(rh) / B(P)
+    return [(math.floor(B(k) * bin_size), math.ceil(B(k + 1) * bin_size)) for k in range(P)]
+
+
+def _max_initial(T, initial):
+    if initial == "-FLT_MAX":
+        return T(-FLT_MAX)
+    if initial == "lowest":
+        return T(-np.finfo(T).max)
+    if initial == "nan":
+        return T(np.nan)
+    raise ValueError(f"unknown initial {initial!r}")
+
+
+def roi_pool_max(x, boxes, batch, output_size, spatial_scale, rules):
+    """RoI max pooling -> ``(y, argmax)``.
+
+    x (N,C,H,W); boxes (K,4) ``[x1,y1,x2,y2]`` in image coordinates; batch (K,) ints.
+    ``rules``: MaxPoolRules (bin_arithmetic, scale_precision, initial, compare, argmax,
+    argmax_dtype).  argmax is ``h*W+w`` ("plane") or ``((b*C+c)*H+h)*W+w`` ("global"),
+    -1 for empty bins and for bins where nothing was selected.
+    """
+    x = np.asarray(x)
+    T = _real_type(x)
+    boxes = _boxes_as(boxes, T)
+    N, C, H, W = x.shape
+    PH, PW = _pair(output_size)
+    K = boxes.shape[0]
+    y = np.zeros((K, C, PH, PW), dtype=T)
+    am = np.full((K, C, PH, PW), -1, dtype=np.dtype(rules.argmax_dtype))
+    s = _scale(T, spatial_scale, rules.scale_precision)
+    init = _max_initial(T, rules.initial)
+    compare = rules.compare
+    if compare not in ("greater", "std_max", "fmax"):
+        raise ValueError(f"unknown compare {compare!r}")
+    if rules.argmax not in ("plane", "global"):
+        raise ValueError(f"unknown argmax encoding {rules.argmax!r}")
+
+    with np.errstate(all="ignore"):
+        for n in range(K):
+            b = _batch_index(batch, n, N)
+            x1, y1, x2, y2 = _box(boxes, n, T)
+            rs_w = c_round(x1 * s)
+            rs_h = c_round(y1 * s)
+            re_w = c_round(x2 * s)
+            re_h = c_round(y2 * s)
+            rh = max(re_h - rs_h + 1, 1)
+            rw = max(re_w - rs_w + 1, 1)
+            hbins = caffe_bin_edges(rh, PH, rules.bin_arithmetic, T)
+            wbins = caffe_bin_edges(rw, PW, rules.bin_arithmetic, T)
+            for c in range(C):
+                for ph in range(PH):
+                    hstart = _clamp(hbins[ph][0] + rs_h, 0, H)
+                    hend = _clamp(hbins[ph][1] + rs_h, 0, H)
+                    for pw in range(PW):
+                        wstart = _clamp(wbins[pw][0] + rs_w, 0, W)
+                        wend = _clamp(wbins[pw][1] + rs_w, 0, W)
+                        if hend <= hstart or wend <= wstart:
+                            y[n, c, ph, pw] = T(0)
+                            am[n, c, ph, pw] = -1
+                            continue
+                        m = init
+                        arg = -1
+                        for h in range(hstart, hend):
+                            for w in range(wstart, wend):
+                                v = x[b, c, h, w]
+                                if compare == "greater":
+                                    if v > m:
+                                        m, arg = v, h * W + w
+                                elif compare == "std_max":
+                                    # m = (v < m) ? m : v ; argmax follows every assignment
+                                    if not (v < m):
+                                        m, arg = v, h * W + w
+                                else:  # fmax: NaN ignored, first maximum keeps the argmax
+                                    if (math.isnan(m) and not math.isnan(v)) or v > m:
+                                        m, arg = v, h * W + w
+                        y[n, c, ph, pw] = m
+                        if arg >= 0 and rules.argmax == "global":
+                            arg = ((b * C + c) * H) * W + arg
+                        am[n, c, ph, pw] = arg
+    return y, am
+
+
+def roi_pool_max_backward(grad_output, argmax, batch, input_shape, rules):
+    """Scatter ``grad_output`` through ``argmax``: zeros, then serially over (n, c, ph, pw)
+    ``dx[pos] += g`` where argmax >= 0.  Accumulates in the grad dtype."""
+    g = np.asarray(grad_output)
+    T = _real_type(g)
+    argmax = np.asarray(argmax)
+    N, C, H, W = (int(d) for d in input_shape)
+    dx = np.zeros((N, C, H, W), dtype=T)
+    K, C2, PH, PW = g.shape
+    for n in range(K):
+        b = _batch_index(batch, n, N) if rules.argmax == "plane" else None
+        for c in range(C2):
+            for ph in range(PH):
+                for pw in range(PW):
+                    a = int(argmax[n, c, ph, pw])
+                    if a < 0:
+                        continue
+                    if rules.argmax == "plane":
+                        idx = (b, c, a // W, a % W)
+                    else:
+                        idx = np.unravel_index(a, (N, C, H, W))
+                    dx[idx] = dx[idx] + g[n, c, ph, pw]
+    return dx
+
+
+# ---------------------------------------------------------------------------------------------
+# Bilinear "RoI pooling": OpenVINO ROIPooling bilinear (4.3) / TF crop_and_resize (6.2)
+# ---------------------------------------------------------------------------------------------
+
+def _crop_coord(k, P, lo, hi, size, pin_last, T):
+    """Sample position of output cell k along one axis, in T (normalised box ``lo..hi``)."""
+    if P > 1:
+        Lm1 = T(size - 1)
+        if pin_last and k == P - 1:
+            return Lm1 * hi                                   # (H-1)*y2, pinned
+        step = (hi - lo) * Lm1 / T(P - 1)                     # ((y2-y1)*(H-1)) / (P-1)
+        return T(k) * step + lo * Lm1
+    # P == 1: the centre; (y1+y2) in T, then 0.5*...*(H-1) in double, then cast to T
+    return T(0.5 * float(lo + hi) * float(size - 1))
+
+
+def _crop_cells(boxes, n, H, W, PH, PW, pin_last, T):
+    """Yield (ph, pw, in_range, t, bo, l, r, y_lerp, x_lerp) for box n."""
+    x1, y1, x2, y2 = _box(boxes, n, T)
+    if not all(math.isfinite(float(v)) for v in (x1, y1, x2, y2)):
+        raise ValueError("boxes must be finite")
+    for ph in range(PH):
+        in_y = _crop_coord(ph, PH, y1, y2, H, pin_last, T)
+        for pw in range(PW):
+            in_x = _crop_coord(pw, PW, x1, x2, W, pin_last, T)
+            if in_y < 0 or in_y > T(H - 1) or in_x < 0 or in_x > T(W - 1):
+                yield ph, pw, False, 0, 0, 0, 0, T(0), T(0)
+                continue
+            t = math.floor(in_y)
+            bo = min(math.ceil(in_y), H - 1)
+            l = math.floor(in_x)
+            r = min(math.ceil(in_x), W - 1)
+            yield ph, pw, True, t, bo, l, r, in_y - T(t), in_x - T(l)
+
+
+def roi_pool_bilinear(x, boxes, batch, output_size, rules, extrapolation_value=0.0):
+    """Bilinear crop: OpenVINO ROIPooling "bilinear" (``rules.pin_last`` True) or TF
+    ``crop_and_resize`` (False).  boxes are normalised ``[x1,y1,x2,y2]``; out-of-range cells
+    give ``extrapolation_value`` (cast to T)."""
+    x = np.asarray(x)
+    T = _real_type(x)
+    boxes = _boxes_as(boxes, T)
+    N, C, H, W = x.shape
+    PH, PW = _pair(output_size)
+    K = boxes.shape[0]
+    y = np.zeros((K, C, PH, PW), dtype=T)
+    ext = T(extrapolation_value)
+    with np.errstate(all="ignore"):
+        for n in range(K):
+            b = _batch_index(batch, n, N)
+            cells = list(_crop_cells(boxes, n, H, W, PH, PW, bool(rules.pin_last), T))
+            for c in range(C):
+                v = x[b, c]
+                for ph, pw, ok, t, bo, l, r, ly, lx in cells:
+                    if not ok:
+                        y[n, c, ph, pw] = ext
+                        continue
+                    top = v[t, l] + (v[t, r] - v[t, l]) * lx
+                    bot = v[bo, l] + (v[bo, r] - v[bo, l]) * lx
+                    y[n, c, ph, pw] = top + (bot - top) * ly
+    return y
+
+
+def roi_pool_bilinear_backward(grad_output, boxes, batch, input_shape, rules,
+                               extrapolation_value=0.0):
+    """TF ``CropAndResizeGradImage`` order, serial over (n, c, ph, pw); in-range cells only.
+    ``extrapolation_value`` is a constant and does not enter the gradient."""
+    g = np.asarray(grad_output)
+    T = _real_type(g)
+    boxes = _boxes_as(boxes, T)
+    N, C, H, W = (int(d) for d in input_shape)
+    K, C2, PH, PW = g.shape
+    dx = np.zeros((N, C, H, W), dtype=T)
+    one = T(1)
+    with np.errstate(all="ignore"):
+        for n in range(K):
+            b = _batch_index(batch, n, N)
+            cells = list(_crop_cells(boxes, n, H, W, PH, PW, bool(rules.pin_last), T))
+            for c in range(C2):
+                d = dx[b, c]
+                for ph, pw, ok, t, bo, l, r, ly, lx in cells:
+                    if not ok:
+                        continue
+                    gv = g[n, c, ph, pw]
+                    dtop = (one - ly) * gv
+                    d[t, l] = d[t, l] + (one - lx) * dtop
+                    d[t, r] = d[t, r] + lx * dtop
+                    dbot = ly * gv
+                    d[bo, l] = d[bo, l] + (one - lx) * dbot
+                    d[bo, r] = d[bo, r] + lx * dbot
+    return dx
+
+
+# ---------------------------------------------------------------------------------------------
+# Position-sensitive RoI pooling (R-FCN float RoI), semantics.md 1, 2.2, 3.3
+# ---------------------------------------------------------------------------------------------
+
+def _psroi_geometry(box, s, T):
+    """(rs_h, rs_w, bin_h, bin_w) of the R-FCN float RoI, all in T (bins need PH/PW later)."""
+    x1, y1, x2, y2 = box
+    rs_w = T(c_round(x1)) * s                       # round BEFORE scaling
+    rs_h = T(c_round(y1)) * s
+    re_w = T(c_round(x2) + 1.0) * s                 # +1 before scaling
+    re_h = T(c_round(y2) + 1.0) * s
+    rw = re_w - rs_w
+    rh = re_h - rs_h
+    tenth = T(0.1)
+    if rw < tenth:                                  # std::max(rw, (T)0.1)
+        rw = tenth
+    if rh < tenth:
+        rh = tenth
+    return rs_h, rs_w, rh, rw
+
+
+def _psroi_bins(rs, size_, P, L, T):
+    """[(start, end)] of the P bins along one axis of length L (offset added before floor)."""
+    bin_size = size_ / T(P)
+    out = []
+    for p in range(P):
+        start = math.floor(T(p) * bin_size + rs)
+        end = math.ceil(T(p + 1) * bin_size + rs)
+        out.append((_clamp(start, 0, L), _clamp(end, 0, L)))
+    return out
+
+
+def _group_index(p, G, P, T) -> int:
+    """MXNet ``min(max(floor((T)p * G / P), 0), G-1)`` computed in T."""
+    gi = math.floor(T(p) * T(G) / T(P))
+    return _clamp(gi, 0, G - 1)
+
+
+def _psroi_setup(x_shape, output_channels, output_size, group_size):
+    N, C, H, W = x_shape
+    PH, PW = _pair(output_size)
+    GH, GW = _pair(group_size) if group_size is not None else (PH, PW)
+    if C < output_channels * GH * GW:
+        raise ValueError(
+            f"input has {C} channels, fewer than output_channels*GH*GW = "
+            f"{output_channels * GH * GW}")
+    return N, C, H, W, PH, PW, GH, GW
+
+
+def psroi_pool(x, boxes, batch, output_channels, output_size, spatial_scale, rules,
+               group_size=None):
+    """R-FCN position-sensitive average pooling (MXNet PSROIPooling / Paddle psroi_pool).
+
+    Input channel of output (ctop, ph, pw) is ``(ctop*GH + gh)*GW + gw`` with
+    ``gh = clamp(floor((T)ph*GH/PH), 0, GH-1)``; group_size defaults to output_size.
+    Average = sum (h outer, w inner, from 0, in T) / (T)area; empty bins give 0.
+    """
+    x = np.asarray(x)
+    T = _real_type(x)
+    boxes = _boxes_as(boxes, T)
+    N, C, H, W, PH, PW, GH, GW = _psroi_setup(x.shape, output_channels, output_size,
+                                              group_size)
+    K = boxes.shape[0]
+    OC = int(output_channels)
+    s = _scale(T, spatial_scale, rules.scale_precision)
+    y = np.zeros((K, OC, PH, PW), dtype=T)
+    with np.errstate(all="ignore"):
+        for n in range(K):
+            b = _batch_index(batch, n, N)
+            rs_h, rs_w, rh, rw = _psroi_geometry(_box(boxes, n, T), s, T)
+            hb = _psroi_bins(rs_h, rh, PH, H, T)
+            wb = _psroi_bins(rs_w, rw, PW, W, T)
+            for ctop in range(OC):
+                for ph in range(PH):
+                    hstart, hend = hb[ph]
+                    gh = _group_index(ph, GH, PH, T)
+                    for pw in range(PW):
+                        wstart, wend = wb[pw]
+                        gw = _group_index(pw, GW, PW, T)
+                        c = (ctop * GH + gh) * GW + gw
+                        if hend <= hstart or wend <= wstart:
+                            y[n, ctop, ph, pw] = T(0)
+                            continue
+                        acc = T(0)
+                        for h in range(hstart, hend):
+                            for w in range(wstart, wend):
+                                acc = acc + x[b, c, h, w]
+                        area = T((hend - hstart) * (wend - wstart))
+                        y[n, ctop, ph, pw] = acc / area
+    return y
+
+
+def psroi_pool_backward(grad_output, boxes, batch, input_shape, output_size, spatial_scale,
+                        rules, group_size=None):
+    """Serial over (n, ctop, ph, pw): ``dx[b, c, h, w] += g/area`` over the bin (h outer)."""
+    g = np.asarray(grad_output)
+    T = _real_type(g)
+    boxes = _boxes_as(boxes, T)
+    K, OC, _, _ = g.shape
+    N, C, H, W, PH, PW, GH, GW = _psroi_setup(tuple(int(d) for d in input_shape), OC,
+                                              output_size, group_size)
+    if g.shape[2:] != (PH, PW):
+        raise ValueError(f"grad_output spatial shape {g.shape[2:]} != output_size {(PH, PW)}")
+    s = _scale(T, spatial_scale, rules.scale_precision)
+    dx = np.zeros((N, C, H, W), dtype=T)
+    with np.errstate(all="ignore"):
+        for n in range(K):
+            b = _batch_index(batch, n, N)
+            rs_h, rs_w, rh, rw = _psroi_geometry(_box(boxes, n, T), s, T)
+            hb = _psroi_bins(rs_h, rh, PH, H, T)
+            wb = _psroi_bins(rs_w, rw, PW, W, T)
+            for ctop in range(OC):
+                for ph in range(PH):
+                    hstart, hend = hb[ph]
+                    gh = _group_index(ph, GH, PH, T)
+                    for pw in range(PW):
+                        wstart, wend = wb[pw]
+                        gw = _group_index(pw, GW, PW, T)
+                        c = (ctop * GH + gh) * GW + gw
+                        if hend <= hstart or wend <= wstart:
+                            continue
+                        area = T((hend - hstart) * (wend - wstart))
+                        diff = g[n, ctop, ph, pw] / area
+                        for h in range(hstart, hend):
+                            for w in range(wstart, wend):
+                                dx[b, c, h, w] = dx[b, c, h, w] + diff
+    return dx
+
+
+# ---------------------------------------------------------------------------------------------
+# RoIAlign: Caffe2 sampler (1, 2.3, 5.3) and Paddle forward (3.4)
+# ---------------------------------------------------------------------------------------------
+
+def _align_roi(box, s, aligned, min_size_one, T):
+    """(start_w, start_h, roi_w, roi_h) in T; size clamped to >= 1 when ``min_size_one``."""
+    off = T(0.5) if aligned else T(0)
+    x1, y1, x2, y2 = box
+    sw = x1 * s - off
+    sh = y1 * s - off
+    ew = x2 * s - off
+    eh = y2 * s - off
+    rw = ew - sw
+    rh = eh - sh
+    if min_size_one:
+        one = T(1)
+        if rw < one:                                # std::max(rw, (T)1.)
+            rw = one
+        if rh < one:
+            rh = one
+    return sw, sh, rw, rh
+
+
+def _grid(sampling_ratio, size_, P, T) -> int:
+    """``sr > 0 ? sr : (int)ceil(size / P)`` with the division in T."""
+    if sampling_ratio > 0:
+        return int(sampling_ratio)
+    q = size_ / T(P)
+    if not math.isfinite(float(q)):
+        raise ValueError("adaptive sampling grid of a non-finite box (undefined behaviour)")
+    return int(math.ceil(q))
+
+
+def _half(i, T):
+    """``static_cast<T>(i + .5f)``."""
+    return T(np.float32(i) + np.float32(0.5))
+
+
+def _caffe2_coord(start, p, bin_size, i, grid, T):
+    """``start + p*bin + (T)(i+.5f)*bin/(T)grid``, left to right."""
+    return (start + T(p) * bin_size) + (_half(i, T) * bin_size) / T(grid)
+
+
+def _paddle_coord(start, p, bin_size, i, grid, T):
+    """``start + bin*((T)p + (T)(i+.5f)/(T)grid)``."""
+    return start + bin_size * (T(p) + _half(i, T) / T(grid))
+
+
+def _in_sample_range(y, x, H, W) -> bool:
+    # NaN-safe form (current torchvision): NaN samples are out of range
+    return bool(y >= -1.0 and y <= H and x >= -1.0 and x <= W)
+
+
+def _caffe2_bilinear(y, x, H, W, T):
+    """Caffe2 ``bilinear_interpolate`` weights -> (ok, (yl, yh, xl, xh), (w1, w2, w3, w4))."""
+    zero = T(0)
+    if not _in_sample_range(y, x, H, W):
+        return False, (0, 0, 0, 0), (zero, zero, zero, zero)
+    if y <= 0:
+        y = zero
+    if x <= 0:
+        x = zero
+    y_low = int(y)
+    x_low = int(x)
+    if y_low >= H - 1:
+        y_high = y_low = H - 1
+        y = T(y_low)
+    else:
+        y_high = y_low + 1
+    if x_low >= W - 1:
+        x_high = x_low = W - 1
+        x = T(x_low)
+    else:
+        x_high = x_low + 1
+    ly = y - T(y_low)
+    lx = x - T(x_low)
+    hy = T(1) - ly
+    hx = T(1) - lx
+    return True, (y_low, y_high, x_low, x_high), (hy * hx, hy * lx, ly * hx, ly * lx)
+
+
+def _paddle_bilinear_value(v, y, x, H, W, T):
+    """Paddle ``GetIndexesAndRatios`` + ``Interpolate`` for one sample of plane v."""
+    zero = T(0)
+    one = T(1)
+    if not _in_sample_range(y, x, H, W):
+        v0 = v[0, 0]                                 # default entry: offsets 0, ratios 0
+        return ((zero * v0 + zero * v0) + zero * v0) + zero * v0
+    if y <= 0:
+        y = zero
+    if x <= 0:
+        x = zero
+    x_low = int(x)
+    if x_low >= W - 1:
+        x_high = x_low = W - 1
+        x = T(x_low)
+    else:
+        x_high = x_low + 1
+    x_ratio = T(x_high) - x
+    y_low = int(y)
+    if y_low >= H - 1:
+        y_high = y_low = H - 1
+        y = T(y_low)
+    else:
+        y_high = y_low + 1
+    y_ratio = T(y_high) - y
+    xy = x_ratio * y_ratio                    # (y_low,  x_low)
+    xY = x_ratio * (one - y_ratio)            # (y_high, x_low)
+    Xy = (one - x_ratio) * y_ratio            # (y_low,  x_high)
+    XY = (one - x_ratio) * (one - y_ratio)    # (y_high, x_high)
+    return ((xy * v[y_low, x_low] + Xy * v[y_low, x_high])
+            + xY * v[y_high, x_low]) + XY * v[y_high, x_high]
+
+
+def roi_align(x, boxes, batch, output_size, spatial_scale, sampling_ratio, aligned, rules):
+    """RoIAlign forward.
+
+    ``rules.sampler == "caffe2"``: MXNet ROIAlign / torchvision roi_align (sum divided by the
+    count, count = max(gh*gw, 1)).  ``"paddle"``: Paddle's forward (different association,
+    ``x_high - x`` weights, sum multiplied by ``(T)(1.0/count)``).  A bin with an empty grid
+    (gh <= 0 or gw <= 0) gives 0 for ``empty_grid == "zero"`` and NaN for ``"nan"``.
+    Out-of-range samples are counted with value ``0*v[0,0]`` (NaN propagates from v[0,0]).
+    """
+    x = np.asarray(x)
+    T = _real_type(x)
+    boxes = _boxes_as(boxes, T)
+    N, C, H, W = x.shape
+    PH, PW = _pair(output_size)
+    K = boxes.shape[0]
+    sampler = rules.sampler
+    if sampler not in ("caffe2", "paddle"):
+        raise ValueError(f"unknown sampler {sampler!r}")
+    if rules.empty_grid not in ("zero", "nan"):
+        raise ValueError(f"unknown empty_grid {rules.empty_grid!r}")
+    s = _scale(T, spatial_scale, rules.scale_precision)
+    y = np.zeros((K, C, PH, PW), dtype=T)
+    with np.errstate(all="ignore"):
+        for n in range(K):
+            b = _batch_index(batch, n, N)
+            sw, sh, rw, rh = _align_roi(_box(boxes, n, T), s, aligned, not aligned, T)
+            gh = _grid(sampling_ratio, rh, PH, T)
+            gw = _grid(sampling_ratio, rw, PW, T)
+            bin_h = rh / T(PH)
+            bin_w = rw / T(PW)
+            if gh <= 0 or gw <= 0:
+                y[n] = T(np.nan) if rules.empty_grid == "nan" else T(0)
+                continue
+            if sampler == "caffe2":
+                # pre_calc: positions and weights per (ph, pw, iy, ix), shared by channels
+                pre = {}
+                for ph in range(PH):
+                    for pw in range(PW):
+                        for iy in range(gh):
+                            yy = _caffe2_coord(sh, ph, bin_h, iy, gh, T)
+                            for ix in range(gw):
+                                xx = _caffe2_coord(sw, pw, bin_w, ix, gw, T)
+                                pre[ph, pw, iy, ix] = _caffe2_bilinear(yy, xx, H, W, T)
+                count = T(max(gh * gw, 1))
+                for c in range(C):
+                    v = x[b, c]
+                    for ph in range(PH):
+                        for pw in range(PW):
+                            acc = T(0)
+                            for iy in range(gh):
+                                for ix in range(gw):
+                                    _, (yl, yh, xl, xh), (w1, w2, w3, w4) = pre[ph, pw, iy, ix]
+                                    # out-of-range: positions 0, weights 0 -> 0*v[0,0]
+                                    val = ((w1 * v[yl, xl] + w2 * v[yl, xh])
+                                           + w3 * v[yh, xl]) + w4 * v[yh, xh]
+                                    acc = acc + val
+                            y[n, c, ph, pw] = acc / count
+            else:
+                recip = T(np.float64(1.0) / np.float64(gw * gh))   # double, then cast to T
+                for c in range(C):
+                    v = x[b, c]
+                    for ph in range(PH):
+                        for pw in range(PW):
+                            acc = T(0)
+                            for iy in range(gh):
+                                yy = _paddle_coord(sh, ph, bin_h, iy, gh, T)
+                                for ix in range(gw):
+                                    xx = _paddle_coord(sw, pw, bin_w, ix, gw, T)
+                                    acc = acc + _paddle_bilinear_value(v, yy, xx, H, W, T)
+                            y[n, c, ph, pw] = acc * recip
+    return y
+
+
+def roi_align_backward(grad_output, boxes, batch, input_shape, output_size, spatial_scale,
+                       sampling_ratio, aligned, rules):
+    """RoIAlign backward with the Caffe2 expressions (for both samplers).
+
+    Serial over (n, c, ph, pw, iy, ix); adds ``(g*w_k)/count`` (count = (T)(gh*gw)) to the four
+    corners of in-range samples only.  The box size is clamped to >= 1 when ``not aligned`` or
+    ``rules.backward_min_size_always`` (Paddle).
+    """
+    g = np.asarray(grad_output)
+    T = _real_type(g)
+    boxes = _boxes_as(boxes, T)
+    N, C, H, W = (int(d) for d in input_shape)
+    PH, PW = _pair(output_size)
+    K, C2, _, _ = g.shape
+    if g.shape[2:] != (PH, PW):
+        raise ValueError(f"grad_output spatial shape {g.shape[2:]} != output_size {(PH, PW)}")
+    s = _scale(T, spatial_scale, rules.scale_precision)
+    min_one = (not aligned) or bool(rules.backward_min_size_always)
+    dx = np.zeros((N, C, H, W), dtype=T)
+    with np.errstate(all="ignore"):
+        for n in range(K):
+            b = _batch_index(batch, n, N)
+            sw, sh, rw, rh = _align_roi(_box(boxes, n, T), s, aligned, min_one, T)
+            bin_h = rh / T(PH)
+            bin_w = rw / T(PW)
+            gh = _grid(sampling_ratio, rh, PH, T)
+            gw = _grid(sampling_ratio, rw, PW, T)
+            count = T(gh * gw)
+            for c in range(C2):
+                d = dx[b, c]
+                for ph in range(PH):
+                    for pw in range(PW):
+                        gv = g[n, c, ph, pw]
+                        for iy in range(gh):
+                            yy = _caffe2_coord(sh, ph, bin_h, iy, gh, T)
+                            for ix in range(gw):
+                                xx = _caffe2_coord(sw, pw, bin_w, ix, gw, T)
+                                ok, (yl, yh, xl, xh), (w1, w2, w3, w4) = _caffe2_bilinear(
+                                    yy, xx, H, W, T)
+                                if not ok:
+                                    continue
+                                d[yl, xl] = d[yl, xl] + (gv * w1) / count
+                                d[yl, xh] = d[yl, xh] + (gv * w2) / count
+                                d[yh, xl] = d[yh, xl] + (gv * w3) / count
+                                d[yh, xh] = d[yh, xh] + (gv * w4) / count
+    return dx
+
+
+# ---------------------------------------------------------------------------------------------
+# numeric gradient
+# ---------------------------------------------------------------------------------------------
+
+def numeric_grad(f, x, eps=1e-6):
+    """Central differences of the scalar function ``f`` at ``x``, in float64.
+
+    ``f`` receives a fresh float64 copy of the perturbed input each time.
+    """
+    x = np.array(x, dtype=np.float64, copy=True)
+    grad = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        orig = x[idx]
+        x[idx] = orig + eps
+        fp = float(f(x.copy()))
+        x[idx] = orig - eps
+        fm = float(f(x.copy()))
+        x[idx] = orig
+        grad[idx] = (fp - fm) / (2.0 * eps)
+    return grad
