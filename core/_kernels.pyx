@@ -298,11 +298,12 @@ def roi_pool_bilinear_backward(const floating[:, :, :, ::1] grad_output,  # IN  
                         r = <Py_ssize_t>ceil(xx)
                         lx = xx - <floating>l
                         g = grad_output[k, c, ph, pw]
-                        dtop = (1 - ly) * g
-                        plane[t * W + l] += (1 - lx) * dtop
+                        # <floating>1: a bare 1 would make Cython emit the double 1.0
+                        dtop = (<floating>1 - ly) * g
+                        plane[t * W + l] += (<floating>1 - lx) * dtop
                         plane[t * W + r] += lx * dtop
                         dbottom = ly * g
-                        plane[b * W + l] += (1 - lx) * dbottom
+                        plane[b * W + l] += (<floating>1 - lx) * dbottom
                         plane[b * W + r] += lx * dbottom
 
 
@@ -477,7 +478,7 @@ cdef inline void _align_axis(floating start, floating bin_size, int64_t grid, Py
             else:
                 frac = <floating>hi_idx[j] - v  # Paddle: weights (high - v) and 1 - that
                 lo_w[j] = frac
-                hi_w[j] = 1 - frac
+                hi_w[j] = <floating>1 - frac
             j = j + 1
 
 
