@@ -1,0 +1,310 @@
+"""The compiled core against the slow reference, bit for bit, for every operator,
+convention and dtype; gradients against finite differences; linear operators against
+their adjoints; results against the thread count."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+import reference as ref
+import roicore.core as rc
+from roicore.core.conventions import BILINEAR_POOL, MAX_POOL, PSROI_POOL, ROI_ALIGN
+from strategies import cases
+
+
+def assert_same(got, want):
+    """Bit-identical (NaN equal to NaN), with dtype and shape."""
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    if not np.array_equal(got, want, equal_nan=True):
+        bad = np.flatnonzero(~((got == want) | (np.isnan(got) & np.isnan(want))))
+        i = np.unravel_index(bad[0], got.shape)
+        raise AssertionError(f"{bad.size} of {got.size} elements differ; first at {i}: "
+                             f"got {got[i]!r}, want {want[i]!r}")
+
+
+# --- RoI max pooling ------------------------------------------------------------------
+
+@pytest.mark.parametrize("convention", sorted(MAX_POOL))
+@given(case=cases(), ties=st.booleans())
+def test_roi_pool_max_matches_reference(convention, case, ties):
+    if ties:
+        case.x = np.round(case.x)  # many equal values: first-maximum rules decide
+    rules = MAX_POOL[convention]
+    y, am = rc.roi_pool(case.x, case.rois, case.output_size, case.spatial_scale,
+                        convention=convention, return_argmax=True)
+    y_ref, am_ref = ref.roi_pool_max(case.x, case.boxes, case.batch, case.output_size,
+                                     case.spatial_scale, rules)
+    assert_same(y, y_ref)
+    assert_same(am, am_ref)
+    g = np.random.default_rng(1).standard_normal(y.shape).astype(y.dtype)
+    dx = rc.roi_pool_backward(g, case.rois, case.x.shape, case.spatial_scale,
+                              convention=convention, argmax=am)
+    assert_same(dx, ref.roi_pool_max_backward(g, am_ref, case.batch, case.x.shape, rules))
+
+
+@pytest.mark.parametrize("convention", sorted(MAX_POOL))
+def test_roi_pool_max_nan_and_infinity_rules(convention):
+    """NaN and -inf in the map follow each framework's comparison and initial value."""
+    rng = np.random.default_rng(3)
+    for dtype in (np.float32, np.float64):
+        x = rng.standard_normal((1, 4, 6, 6)).astype(dtype)
+        x[0, 0, :3, :3] = np.nan
+        x[0, 1] = -np.inf
+        x[0, 2, ::2, ::2] = np.nan
+        x[0, 3, 2, 2] = -1e300 if dtype == np.float64 else -3e38
+        boxes = np.array([[0, 0, 0, 5, 5], [0, 0, 0, 2, 2], [0, 1, 1, 4, 3]], dtype)
+        y, am = rc.roi_pool(x, boxes, (3, 2), 1.0, convention=convention, return_argmax=True)
+        y_ref, am_ref = ref.roi_pool_max(x, boxes[:, 1:], np.zeros(3, np.int64), (3, 2), 1.0,
+                                         MAX_POOL[convention])
+        assert_same(y, y_ref)
+        assert_same(am, am_ref)
+
+
+def test_roi_pool_conventions_differ_where_the_spec_says():
+    """P=7 with a 57-pixel box: float32 bins end one pixel late (semantics.md section 1)."""
+    x = np.arange(60 * 60, dtype=np.float32).reshape(1, 1, 60, 60)
+    box = np.array([[0, 0, 0, 56, 56]], np.float32)  # rh = 57
+    by_name = {c: rc.roi_pool(x, box, 7, 1.0, convention=c) for c in MAX_POOL}
+    assert np.array_equal(by_name["mxnet"], by_name["paddle"])
+    assert not np.array_equal(by_name["mxnet"], by_name["openvino_cpu"])  # exact bins
+    assert by_name["mxnet"][0, 0, 6, 6] == x[0, 0, 57, 57]       # last bin reaches row 57
+    assert by_name["openvino_cpu"][0, 0, 6, 6] == x[0, 0, 56, 56]
+    # float64 input: MXNet multiplies by float32(0.7), torchvision by double 0.7
+    x64 = np.arange(100, dtype=np.float64).reshape(1, 1, 10, 10)
+    b64 = np.array([[0, 5, 5, 5, 5]], np.float64)  # 5 * 0.7 -> 3.4999999 vs 3.5
+    assert rc.roi_pool(x64, b64, 1, 0.7, convention="mxnet")[0, 0, 0, 0] == x64[0, 0, 3, 3]
+    assert rc.roi_pool(x64, b64, 1, 0.7, convention="torchvision")[0, 0, 0, 0] == x64[0, 0, 4, 4]
+
+
+def test_roi_pool_one_full_box_is_the_global_max():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 5, 9, 13)).astype(np.float32)
+    boxes = np.array([[1, 0, 0, 12, 8]], np.float32)
+    y = rc.roi_pool(x, boxes, 1, 1.0)
+    assert np.array_equal(y[0, :, 0, 0], x[1].max(axis=(1, 2)))
+
+
+# --- bilinear RoI pooling -------------------------------------------------------------
+
+@pytest.mark.parametrize("convention", sorted(BILINEAR_POOL))
+@given(case=cases(normalised=True), fill=st.sampled_from([0.0, -1.5]))
+def test_roi_pool_bilinear_matches_reference(convention, case, fill):
+    rules = BILINEAR_POOL[convention]
+    y = rc.roi_pool(case.x, case.rois, case.output_size, method="bilinear",
+                    convention=convention, extrapolation_value=fill)
+    assert_same(y, ref.roi_pool_bilinear(case.x, case.boxes, case.batch, case.output_size,
+                                         rules, fill))
+    g = np.random.default_rng(2).standard_normal(y.shape).astype(y.dtype)
+    dx = rc.roi_pool_backward(g, case.rois, case.x.shape, method="bilinear",
+                              convention=convention)
+    assert_same(dx, ref.roi_pool_bilinear_backward(g, case.boxes, case.batch, case.x.shape,
+                                                   rules))
+
+
+# --- position-sensitive RoI pooling ---------------------------------------------------
+
+@pytest.mark.parametrize("convention", sorted(PSROI_POOL))
+@given(case=cases(channels=1, max_p=3), out_ch=st.integers(1, 3), data=st.data())
+def test_psroi_pool_matches_reference(convention, case, out_ch, data):
+    PH, PW = case.output_size
+    group = data.draw(st.sampled_from([None, (PH, PW), (1, 1), (2, 3), (3, 2)]))
+    GH, GW = group or (PH, PW)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(case.x.shape[:1] + (out_ch * GH * GW,) + case.x.shape[2:])
+    x = x.astype(case.x.dtype)
+    rules = PSROI_POOL[convention]
+    y = rc.psroi_pool(x, case.rois, case.output_size, case.spatial_scale,
+                      output_channels=out_ch, group_size=group, convention=convention)
+    assert_same(y, ref.psroi_pool(x, case.boxes, case.batch, out_ch, case.output_size,
+                                  case.spatial_scale, rules, group))
+    g = rng.standard_normal(y.shape).astype(y.dtype)
+    dx = rc.psroi_pool_backward(g, case.rois, x.shape, case.spatial_scale, group_size=group,
+                                convention=convention)
+    assert_same(dx, ref.psroi_pool_backward(g, case.boxes, case.batch, x.shape,
+                                            case.output_size, case.spatial_scale, rules, group))
+
+
+# --- RoIAlign -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("convention", sorted(ROI_ALIGN))
+@given(case=cases(max_hw=10, max_p=3), sampling_ratio=st.sampled_from([-1, 0, 1, 2, 3]),
+       aligned=st.booleans())
+def test_roi_align_matches_reference(convention, case, sampling_ratio, aligned):
+    rules = ROI_ALIGN[convention]
+    y = rc.roi_align(case.x, case.rois, case.output_size, case.spatial_scale, sampling_ratio,
+                     aligned, convention=convention)
+    assert_same(y, ref.roi_align(case.x, case.boxes, case.batch, case.output_size,
+                                 case.spatial_scale, sampling_ratio, aligned, rules))
+    g = np.random.default_rng(4).standard_normal(y.shape).astype(y.dtype)
+    dx = rc.roi_align_backward(g, case.rois, case.x.shape, case.spatial_scale, sampling_ratio,
+                               aligned, convention=convention)
+    assert_same(dx, ref.roi_align_backward(g, case.boxes, case.batch, case.x.shape,
+                                           case.output_size, case.spatial_scale,
+                                           sampling_ratio, aligned, rules))
+
+
+def test_roi_align_nan_at_origin_propagates_through_out_of_range_samples():
+    """Out-of-range samples count as 0 * v[0, 0], as in the frameworks (semantics.md 1)."""
+    x = np.ones((1, 1, 5, 5), np.float32)
+    x[0, 0, 0, 0] = np.nan
+    boxes = np.array([[0, 3, 3, 9, 9]], np.float32)  # half outside, nowhere near (0, 0)
+    assert np.isnan(rc.roi_align(x, boxes, 1, 1.0, 4)).all()
+    assert not np.isnan(rc.roi_align(x, np.array([[0, 2, 2, 4, 4]], np.float32), 1, 1.0, 2)).any()
+
+
+# --- gradients: finite differences and adjoints ---------------------------------------
+
+def _fd_check(forward, backward, x, eps=1e-6, rtol=1e-6, atol=1e-8):
+    rng = np.random.default_rng(11)
+    y = forward(x)
+    g = rng.standard_normal(y.shape)
+    num = ref.numeric_grad(lambda v: float(np.sum(forward(v) * g)), x, eps)
+    np.testing.assert_allclose(backward(g), num, rtol=rtol, atol=atol)
+
+
+def _jittered_map(shape, seed):
+    """Distinct values at least 1e-3 apart: max pooling is differentiable at them."""
+    rng = np.random.default_rng(seed)
+    return rng.permutation(np.prod(shape)).reshape(shape) * 1e-2 + rng.uniform(0, 1e-3, shape)
+
+
+@pytest.mark.parametrize("convention", sorted(MAX_POOL))
+def test_roi_pool_max_gradient_matches_finite_differences(convention):
+    x = _jittered_map((2, 2, 7, 8), 0)
+    boxes = np.array([[0, 0, 0, 7, 6], [1, 1.4, 2.2, 5.9, 6.6], [1, -3, -3, 3, 2]])
+    y, am = rc.roi_pool(x, boxes, (3, 2), 1.0, convention=convention, return_argmax=True)
+    _fd_check(lambda v: rc.roi_pool(v, boxes, (3, 2), 1.0, convention=convention),
+              lambda g: rc.roi_pool_backward(g, boxes, x.shape, convention=convention,
+                                             argmax=am), x)
+
+
+@pytest.mark.parametrize("convention", sorted(BILINEAR_POOL))
+def test_roi_pool_bilinear_gradient_matches_finite_differences(convention):
+    x = np.random.default_rng(1).standard_normal((2, 2, 6, 7))
+    boxes = np.array([[0, 0.1, 0.05, 0.83, 0.9], [1, -0.2, 0.3, 0.6, 1.1], [1, 0.7, 0.6, 0.2, 0.1]])
+    _fd_check(lambda v: rc.roi_pool(v, boxes, (3, 4), method="bilinear", convention=convention),
+              lambda g: rc.roi_pool_backward(g, boxes, x.shape, method="bilinear",
+                                             convention=convention), x)
+
+
+def test_psroi_pool_gradient_matches_finite_differences():
+    x = np.random.default_rng(2).standard_normal((2, 2 * 6, 7, 6))
+    boxes = np.array([[0, 0, 0, 5, 6], [1, 1.6, 0.4, 4.2, 6.7], [0, 4, 4, 1, 1]])
+    _fd_check(lambda v: rc.psroi_pool(v, boxes, (3, 2), 1.0),
+              lambda g: rc.psroi_pool_backward(g, boxes, x.shape, 1.0), x)
+
+
+@pytest.mark.parametrize("convention", ["mxnet", "torchvision"])
+@pytest.mark.parametrize("aligned", [False, True])
+def test_roi_align_gradient_matches_finite_differences(convention, aligned):
+    x = np.random.default_rng(3).standard_normal((2, 2, 6, 7))
+    boxes = np.array([[0, 0.3, 0.2, 5.1, 4.6], [1, -1.2, 2.5, 3.3, 7.5], [1, 2.5, 2.5, 2.7, 3.9]])
+    _fd_check(lambda v: rc.roi_align(v, boxes, (2, 3), 1.0, -1, aligned, convention=convention),
+              lambda g: rc.roi_align_backward(g, boxes, x.shape, 1.0, -1, aligned,
+                                              convention=convention), x)
+
+
+@given(case=cases(dtype=np.float64, max_hw=10, max_p=3), sampling_ratio=st.sampled_from([-1, 2]),
+       aligned=st.booleans(), op=st.sampled_from(["bilinear", "psroi", "align"]))
+def test_linear_operators_satisfy_the_adjoint_identity(case, sampling_ratio, aligned, op):
+    """<forward(u), g> == <u, backward(g)> for the operators that are linear in x."""
+    rng = np.random.default_rng(9)
+    if op == "psroi":
+        u = rng.standard_normal((case.x.shape[0], 2 * np.prod(case.output_size)) + case.x.shape[2:])
+        fwd = lambda v: rc.psroi_pool(v, case.rois, case.output_size, case.spatial_scale)
+        bwd = lambda g: rc.psroi_pool_backward(g, case.rois, u.shape, case.spatial_scale)
+    elif op == "bilinear":
+        u = case.x
+        rois = case.rois.copy()
+        rois[:, 1:] = rng.uniform(-0.2, 1.2, rois[:, 1:].shape)
+        fwd = lambda v: rc.roi_pool(v, rois, case.output_size, method="bilinear")
+        bwd = lambda g: rc.roi_pool_backward(g, rois, u.shape, method="bilinear")
+    else:
+        u = case.x
+        args = (case.spatial_scale, sampling_ratio, aligned)
+        fwd = lambda v: rc.roi_align(v, case.rois, case.output_size, *args)
+        bwd = lambda g: rc.roi_align_backward(g, case.rois, u.shape, *args)
+    y = fwd(u)
+    g = rng.standard_normal(y.shape)
+    lhs, rhs = np.sum(y * g), np.sum(u * bwd(g))
+    assert abs(lhs - rhs) <= 1e-9 * (1 + np.sum(np.abs(y * g)))
+
+
+# --- threads, dtypes, layouts ---------------------------------------------------------
+
+def _thread_cases():
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((2, 24, 19, 23)).astype(np.float32)
+    xy = rng.uniform(-20, 300, (80, 2))
+    rois = np.hstack([rng.integers(0, 2, (80, 1)), xy, xy + rng.uniform(-10, 200, (80, 2))])
+    rois = rois.astype(np.float32)
+    norm = rois.copy()
+    norm[:, 1:] = rng.uniform(-0.2, 1.2, (80, 4))
+    ps_x = rng.standard_normal((2, 2 * 49, 19, 23)).astype(np.float32)
+    y7 = np.ones((80, 24, 7, 7), np.float32)
+    yield "roi_pool max", lambda n: rc.roi_pool(x, rois, 7, 1 / 16, n_threads=n, return_argmax=True)
+    yield "roi_pool max backward", lambda n: rc.roi_pool_backward(
+        y7 * 0.5, rois, x.shape, argmax=rc.roi_pool(x, rois, 7, 1 / 16, return_argmax=True)[1],
+        n_threads=n)
+    yield "roi_pool bilinear", lambda n: rc.roi_pool(x, norm, 7, method="bilinear", n_threads=n)
+    yield "roi_pool bilinear backward", lambda n: rc.roi_pool_backward(
+        y7, norm, x.shape, method="bilinear", n_threads=n)
+    yield "psroi_pool", lambda n: rc.psroi_pool(ps_x, rois, 7, 1 / 16, n_threads=n)
+    yield "psroi_pool backward", lambda n: rc.psroi_pool_backward(
+        np.ones((80, 2, 7, 7), np.float32), rois, ps_x.shape, 1 / 16, n_threads=n)
+    for conv in ("mxnet", "paddle"):
+        yield f"roi_align {conv}", lambda n, c=conv: rc.roi_align(
+            x, rois, 7, 1 / 16, -1, True, convention=c, n_threads=n)
+        yield f"roi_align backward {conv}", lambda n, c=conv: rc.roi_align_backward(
+            y7, rois, x.shape, 1 / 16, -1, True, convention=c, n_threads=n)
+
+
+@pytest.mark.parametrize("name,run", list(_thread_cases()), ids=lambda v: v if isinstance(v, str) else "")
+def test_results_are_bit_identical_for_every_thread_count(name, run):
+    def outputs(n):
+        result = run(n)
+        return result if isinstance(result, tuple) else (result,)
+
+    base = outputs(1)
+    assert any(np.any(a != 0) for a in base), "degenerate case: all zeros"
+    for n in (2, 3, 4, -1):
+        for got, want in zip(outputs(n), base, strict=True):
+            assert np.array_equal(got, want, equal_nan=True), f"{name} differs with {n} threads"
+
+
+def test_float16_is_computed_in_float32():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((1, 8, 10, 10)).astype(np.float16)
+    rois = np.array([[0, 0.5, 1.5, 7.3, 8.1], [0, 3, 3, 9, 6]], np.float16)
+    x32, r32 = x.astype(np.float32), rois.astype(np.float32)
+    pairs = [
+        (rc.roi_pool(x, rois, 3), rc.roi_pool(x32, r32, 3)),
+        (rc.roi_align(x, rois, 3, 1.0, 2), rc.roi_align(x32, r32, 3, 1.0, 2)),
+        (rc.psroi_pool(x, rois, 2), rc.psroi_pool(x32, r32, 2)),
+        (rc.roi_pool(x, rois / 10, 3, method="bilinear"),
+         rc.roi_pool(x32, (rois / 10).astype(np.float32), 3, method="bilinear")),
+    ]
+    for got, want in pairs:
+        assert got.dtype == np.float16
+        assert np.array_equal(got, want.astype(np.float16))
+    g = np.ones((2, 8, 3, 3), np.float16)
+    dx = rc.roi_align_backward(g, rois, x.shape, 1.0, 2)
+    assert dx.dtype == np.float16
+    assert np.array_equal(dx, rc.roi_align_backward(g.astype(np.float32), r32, x.shape, 1.0, 2)
+                          .astype(np.float16))
+
+
+def test_box_formats_and_layouts_agree():
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((3, 4, 9, 11))
+    rois = np.array([[2, 0.5, 1, 8, 7.5], [0, 3, 2, 10, 8], [1, 0, 0, 4, 4]])
+    want = rc.roi_align(x, rois, 2, 1.0, 2)
+    assert np.array_equal(want, rc.roi_align(x, rois[:, 1:], 2, 1.0, 2,
+                                             batch_indices=rois[:, 0].astype(np.int32)))
+    x_nc = np.asfortranarray(x)
+    x_ro = x.copy()
+    x_ro.flags.writeable = False
+    for variant in (x_nc, x_ro, x.transpose(0, 1, 3, 2).copy().transpose(0, 1, 3, 2)):
+        assert np.array_equal(want, rc.roi_align(variant, rois, 2, 1.0, 2))
