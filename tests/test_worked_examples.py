@@ -1,12 +1,12 @@
-"""Tests of the slow reference itself (tests/reference.py).
+"""The documents' worked examples, run on the slow reference and on the compiled core.
 
 Every expected number here is hand-worked in shared/spec/semantics.md, measured by a native
 framework in shared/spec/oracles.md, or printed in a seed document (shared/seeds/): the MXNet
 and Paddle docstrings, the OpenVINO operator test vectors, the deepsense blog and notebook.
-If these pass, the reference can be trusted as the oracle for the compiled core.
-
-The conventions module is loaded from its file path, so that this file never imports the
-compiled roicore package (the reference must stay independent of the kernels).
+Each test runs twice (the ``ref`` fixture): on tests/reference.py, which makes the reference
+a trusted oracle for the property tests, and on the compiled core through
+tests/core_shim.py.  The conventions module is loaded from its file path, so the reference
+runs never import the compiled package.
 """
 from __future__ import annotations
 
@@ -22,7 +22,16 @@ _HERE = pathlib.Path(__file__).resolve().parent
 if str(_HERE) not in sys.path:
     sys.path.insert(0, str(_HERE))
 
-import reference as ref  # noqa: E402
+import reference  # noqa: E402
+
+
+@pytest.fixture(params=["reference", "core"])
+def ref(request):
+    """Each worked example runs on the slow reference and on the compiled core."""
+    if request.param == "reference":
+        return reference
+    import core_shim  # imports the compiled roicore only for the "core" runs
+    return core_shim
 
 
 def _load_conventions():
@@ -69,16 +78,16 @@ def openvino_features(shape, dtype=np.float32):
     (0.49999999999999994, 0),            # floor(v + 0.5) would give 1 here
     (np.float32(2.8000002), 3), (np.float32(3.5), 4), (4503599627370497.0, 4503599627370497),
 ])
-def test_c_round_is_half_away_from_zero(v, expected):
+def test_c_round_is_half_away_from_zero(ref, v, expected):
     assert ref.c_round(v) == expected
 
 
-def test_c_round_rejects_non_finite():
+def test_c_round_rejects_non_finite(ref):
     with pytest.raises(ValueError):
         ref.c_round(float("nan"))
 
 
-def test_caffe_bins_float32_wrong_for_rh57_p7():
+def test_caffe_bins_float32_wrong_for_rh57_p7(ref):
     """semantics.md section 1: ceil(7 * (57/7)f) = 58 instead of 57 (last bin end)."""
     exact = ref.caffe_bin_edges(57, 7, "exact")
     f32 = ref.caffe_bin_edges(57, 7, "float32")
@@ -89,7 +98,7 @@ def test_caffe_bins_float32_wrong_for_rh57_p7():
     assert f32[:6] == exact[:6]
 
 
-def test_caffe_bins_float64_wrong_for_rh29_p7():
+def test_caffe_bins_float64_wrong_for_rh29_p7(ref):
     exact = ref.caffe_bin_edges(29, 7, "exact")
     f64 = ref.caffe_bin_edges(29, 7, "input", np.float64)
     f32 = ref.caffe_bin_edges(29, 7, "float32")
@@ -98,7 +107,7 @@ def test_caffe_bins_float64_wrong_for_rh29_p7():
     assert f32 == exact
 
 
-def test_caffe_bins_p14_start_wrong_for_rh62_float32():
+def test_caffe_bins_p14_start_wrong_for_rh62_float32(ref):
     """semantics.md section 1: for P=14 a *start* is wrong too (rh=62, k=7)."""
     exact = ref.caffe_bin_edges(62, 14, "exact")
     f32 = ref.caffe_bin_edges(62, 14, "float32")
@@ -106,7 +115,7 @@ def test_caffe_bins_p14_start_wrong_for_rh62_float32():
 
 
 @pytest.mark.parametrize("P", [2, 3, 4, 5, 6, 8, 16])
-def test_caffe_bins_exact_for_small_p(P):
+def test_caffe_bins_exact_for_small_p(ref, P):
     """semantics.md section 1: P in {2,3,4,5,6,8,16} has no errors (checked for rh <= 128)."""
     for rh in range(1, 129):
         exact = ref.caffe_bin_edges(rh, P, "exact")
@@ -127,7 +136,7 @@ MXNET_8x6_BOX = [[0, 0, 0, 4, 4]]
     (1.0, [[14, 16], [26, 28]]),
     (0.7, [[7, 9], [19, 21]]),
 ])
-def test_roi_pool_mxnet_docstring(name, dtype, scale, expected):
+def test_roi_pool_mxnet_docstring(ref, name, dtype, scale, expected):
     """MXNet ROIPooling docstring (seed 001), identical for every convention."""
     rules = MAX_POOL[name]
     x = arange_map((1, 1, 8, 6), dtype)
@@ -140,7 +149,7 @@ def test_roi_pool_mxnet_docstring(name, dtype, scale, expected):
     np.testing.assert_array_equal(am[0, 0], np.array(expected))
 
 
-def test_roi_pool_mxnet_docstring_float64_oracle():
+def test_roi_pool_mxnet_docstring_float64_oracle(ref):
     """oracles.md: MXNet float64 ROIPooling(arange/3) = true float64 values."""
     x = np.arange(48, dtype=np.float64).reshape(1, 1, 8, 6) / 3
     boxes, batch = split_rois(MXNET_8x6_BOX, np.float64)
@@ -149,7 +158,7 @@ def test_roi_pool_mxnet_docstring_float64_oracle():
         y.ravel(), [4.666666666666667, 5.333333333333333, 8.666666666666666, 9.333333333333334])
 
 
-def test_roi_pool_mxnet_backward_routes_to_argmax():
+def test_roi_pool_mxnet_backward_routes_to_argmax(ref):
     """oracles.md: grad weights 1,2,3,4 land on (2,2),(2,4),(4,2),(4,4)."""
     rules = MAX_POOL["mxnet"]
     x = arange_map((1, 1, 8, 6), np.float32)
@@ -162,7 +171,7 @@ def test_roi_pool_mxnet_backward_routes_to_argmax():
     assert nz == [(2, 2, 1.0), (2, 4, 2.0), (4, 2, 3.0), (4, 4, 4.0)]
 
 
-def test_roi_pool_oracle_random_example():
+def test_roi_pool_oracle_random_example(ref):
     """oracles.md random example (MXNet = OpenVINO = ONNX Runtime): shape, sum, roi0 ch0."""
     x = np.random.RandomState(0).randn(2, 3, 10, 12).astype(np.float32)
     boxes, batch = split_rois(
@@ -177,7 +186,7 @@ def test_roi_pool_oracle_random_example():
 
 
 @pytest.mark.parametrize("name", sorted(MAX_POOL))
-def test_roi_pool_paddle_docstring(name):
+def test_roi_pool_paddle_docstring(ref, name):
     """Paddle roi_pool docstring (seed 002): 11 and 16, plane argmax 10 and 15."""
     rules = MAX_POOL[name]
     x = arange_map((1, 1, 4, 4), np.float32, start=1)
@@ -194,7 +203,7 @@ DEEPSENSE_MAP = [[1, 2, 4, 4], [3, 4, 1, 2], [6, 2, 1, 7], [1, 3, 2, 8]]
 
 
 @pytest.mark.parametrize("name", sorted(MAX_POOL))
-def test_roi_pool_deepsense_notebook(name):
+def test_roi_pool_deepsense_notebook(ref, name):
     """deepsense-ai notebook (semantics.md 6.1): integer rois [b,x1,y1,x2,y2], pool 2x2."""
     x = np.array(DEEPSENSE_MAP, np.float32).reshape(1, 1, 4, 4)
     boxes, batch = split_rois([[0, 0, 0, 1, 3], [0, 2, 2, 3, 3], [0, 1, 0, 3, 2]], np.float32)
@@ -214,7 +223,7 @@ BLOG_MAP = np.array([
     [0.83, 0.24, 0.97, 0.04, 0.24, 0.35, 0.50, 0.91]], np.float32)
 
 
-def test_roi_pool_deepsense_blog_example():
+def test_roi_pool_deepsense_blog_example(ref):
     """deepsense blog 8x8 example (seed 003).
 
     The blog's region "(0,3),(7,8)" with "our RoI is 7x5" is columns [0,7) x rows [3,8); its
@@ -239,7 +248,7 @@ def test_roi_pool_deepsense_blog_example():
 
 
 @pytest.mark.parametrize("name", sorted(MAX_POOL))
-def test_roi_pool_openvino_1x1_max(name):
+def test_roi_pool_openvino_1x1_max(ref, name):
     """OpenVINO op_reference: 1x3x6x6, rois [0,1,1,2,3] x3, 1x1 -> 2.0, 5.6, 9.2 per roi."""
     x = openvino_features((1, 3, 6, 6))
     boxes, batch = split_rois([[0, 1, 1, 2, 3]] * 3, np.float32)
@@ -248,7 +257,7 @@ def test_roi_pool_openvino_1x1_max(name):
 
 
 @pytest.mark.parametrize("name", sorted(MAX_POOL))
-def test_roi_pool_openvino_2x2_max(name):
+def test_roi_pool_openvino_2x2_max(ref, name):
     x = openvino_features((1, 1, 6, 6))
     boxes, batch = split_rois([[0, 1, 1, 3, 3], [0, 1, 2, 2, 4], [0, 0, 1, 4, 5]], np.float32)
     y, _ = ref.roi_pool_max(x, boxes, batch, (2, 2), 1.0, MAX_POOL[name])
@@ -273,7 +282,7 @@ def _bin_edge_map(H, big_row, dtype):
     (np.float64, "paddle", 100.0),               # Paddle bins stay float32 for double input
     (np.float64, "openvino_cpu", 56 / 8),
 ])
-def test_roi_pool_bin_dtype_visible_rh57(dtype, name, expected_last):
+def test_roi_pool_bin_dtype_visible_rh57(ref, dtype, name, expected_last):
     x = _bin_edge_map(64, 57, dtype)
     y, am = ref.roi_pool_max(x, [[0, 0, 0, 56]], [0], (7, 1), 1.0, MAX_POOL[name])
     assert float(y[0, 0, 6, 0]) == expected_last
@@ -284,7 +293,7 @@ def test_roi_pool_bin_dtype_visible_rh57(dtype, name, expected_last):
     ("mxnet", 100.0), ("torchvision", 100.0), ("openvino", 100.0),   # float64 bins: ends at 30
     ("paddle", 28 / 8), ("openvino_cpu", 28 / 8),
 ])
-def test_roi_pool_bin_dtype_visible_rh29_float64(name, expected_last):
+def test_roi_pool_bin_dtype_visible_rh29_float64(ref, name, expected_last):
     x = _bin_edge_map(32, 29, np.float64)
     y, _ = ref.roi_pool_max(x, [[0, 0, 0, 28]], [0], (7, 1), 1.0, MAX_POOL[name])
     assert float(y[0, 0, 6, 0]) == expected_last
@@ -297,7 +306,7 @@ def test_roi_pool_bin_dtype_visible_rh29_float64(name, expected_last):
     (np.float64, "openvino_cpu", 3),                    # 5.0 * double(0.7f) = 3.49999994 -> 3
     (np.float64, "torchvision", 4),                     # 5.0 * 0.7 = 3.5 -> 4
 ])
-def test_roi_pool_spatial_scale_precision(dtype, name, expected_col):
+def test_roi_pool_spatial_scale_precision(ref, dtype, name, expected_col):
     """semantics.md section 1: the dtype of spatial_scale matters for double inputs."""
     x = np.arange(8, dtype=dtype).reshape(1, 1, 1, 8)
     y, am = ref.roi_pool_max(x, [[5, 0, 5, 0]], [0], (1, 1), 0.7, MAX_POOL[name])
@@ -306,7 +315,7 @@ def test_roi_pool_spatial_scale_precision(dtype, name, expected_col):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_roi_pool_rounds_halves_away_from_zero(dtype):
+def test_roi_pool_rounds_halves_away_from_zero(ref, dtype):
     """C round: x1 = x2 = 2.5 selects column 3 (Python/numpy round-half-even would give 2)."""
     x = np.arange(8, dtype=dtype).reshape(1, 1, 1, 8)
     for name in sorted(MAX_POOL):
@@ -314,7 +323,7 @@ def test_roi_pool_rounds_halves_away_from_zero(dtype):
         assert float(y[0, 0, 0, 0]) == 3.0
 
 
-def test_roi_pool_global_argmax_encoding():
+def test_roi_pool_global_argmax_encoding(ref):
     x = np.random.RandomState(3).rand(2, 3, 5, 4)
     boxes = np.array([[0, 0, 3, 4], [1, 1, 2, 3]], np.float64)
     batch = np.array([1, 0])
@@ -328,7 +337,7 @@ def test_roi_pool_global_argmax_encoding():
             np.testing.assert_array_equal(y_p[n, c], x[batch[n], c].ravel()[am_p[n, c]])
 
 
-def test_roi_pool_empty_bins_and_malformed_box():
+def test_roi_pool_empty_bins_and_malformed_box(ref):
     x = arange_map((1, 1, 4, 4), np.float32, start=1)
     rules = MAX_POOL["torchvision"]
     # rh = rw = 11, bin 5.5: the second bin starts at 5 > H = 4 -> empty -> 0, argmax -1
@@ -341,7 +350,7 @@ def test_roi_pool_empty_bins_and_malformed_box():
     np.testing.assert_array_equal(am[0, 0], np.full((2, 3), 1 * 4 + 2))
 
 
-def _one_bin(values, rules, dtype=np.float32):
+def _one_bin(ref, values, rules, dtype=np.float32):
     x = np.array(values, dtype).reshape(1, 1, 1, -1)
     y, am = ref.roi_pool_max(x, [[0, 0, len(values) - 1, 0]], [0], (1, 1), 1.0, rules)
     return y[0, 0, 0, 0], int(am[0, 0, 0, 0])
@@ -350,51 +359,51 @@ def _one_bin(values, rules, dtype=np.float32):
 NAN = float("nan")
 
 
-def test_roi_pool_compare_nan_and_signed_zero():
+def test_roi_pool_compare_nan_and_signed_zero(ref):
     gt, std, fm = MAX_POOL["mxnet"], MAX_POOL["openvino"], MAX_POOL["openvino_cpu"]
     # greater: NaN never taken, first maximum wins
-    assert _one_bin([1, NAN, 3, 3, 2], gt) == (3, 2)
+    assert _one_bin(ref, [1, NAN, 3, 3, 2], gt) == (3, 2)
     # std_max: m = (v < m) ? m : v -- a later equal value wins, NaN sticks only if last
-    assert _one_bin([1, NAN, 3, 3, 2], std) == (3, 3)
-    v, a = _one_bin([1, 3, 2, NAN], std)
+    assert _one_bin(ref, [1, NAN, 3, 3, 2], std) == (3, 3)
+    v, a = _one_bin(ref, [1, 3, 2, NAN], std)
     assert math.isnan(v) and a == 3
-    assert _one_bin([5, NAN, 2], std) == (2, 2)              # NaN replaced by the next value
+    assert _one_bin(ref, [5, NAN, 2], std) == (2, 2)              # NaN replaced by the next value
     # fmax: NaN ignored, first maximum keeps the argmax
-    assert _one_bin([NAN, 1, NAN, 3, 3, 2], fm) == (3, 3)
+    assert _one_bin(ref, [NAN, 1, NAN, 3, 3, 2], fm) == (3, 3)
     # signed zeros: greater keeps the first, std_max takes the later one
-    v, a = _one_bin([0.0, -0.0], gt)
+    v, a = _one_bin(ref, [0.0, -0.0], gt)
     assert a == 0 and not math.copysign(1, v) < 0
-    v, a = _one_bin([0.0, -0.0], std)
+    v, a = _one_bin(ref, [0.0, -0.0], std)
     assert a == 1 and math.copysign(1, v) < 0
 
 
-def test_roi_pool_initial_value_visible_on_all_nan_and_tiny_bins():
+def test_roi_pool_initial_value_visible_on_all_nan_and_tiny_bins(ref):
     # all NaN: greater keeps the initial value, fmax/nan gives NaN; argmax -1 everywhere
-    v, a = _one_bin([NAN, NAN], MAX_POOL["mxnet"])
+    v, a = _one_bin(ref, [NAN, NAN], MAX_POOL["mxnet"])
     assert v == np.float32(-ref.FLT_MAX) and a == -1
-    v, a = _one_bin([NAN, NAN], MAX_POOL["paddle"])
+    v, a = _one_bin(ref, [NAN, NAN], MAX_POOL["paddle"])
     assert v == np.float32(-ref.FLT_MAX) and a == -1
-    v, a = _one_bin([NAN, NAN], MAX_POOL["openvino_cpu"])
+    v, a = _one_bin(ref, [NAN, NAN], MAX_POOL["openvino_cpu"])
     assert math.isnan(v) and a == -1
     # all -inf: lowest<T> (OpenVINO reference), argmax -1
-    v, a = _one_bin([-np.inf, -np.inf], MAX_POOL["openvino"])
+    v, a = _one_bin(ref, [-np.inf, -np.inf], MAX_POOL["openvino"])
     assert v == np.float32(-ref.FLT_MAX) and a == -1
     # float64 values below -FLT_MAX: -FLT_MAX initial never selects them; Paddle's -DBL_MAX does
-    v, a = _one_bin([-1e300, -2e300], MAX_POOL["mxnet"], np.float64)
+    v, a = _one_bin(ref, [-1e300, -2e300], MAX_POOL["mxnet"], np.float64)
     assert v == -ref.FLT_MAX and a == -1
-    v, a = _one_bin([-1e300, -2e300], MAX_POOL["paddle"], np.float64)
+    v, a = _one_bin(ref, [-1e300, -2e300], MAX_POOL["paddle"], np.float64)
     assert v == -1e300 and a == 0
-    v, a = _one_bin([-2e300, -1e300], MAX_POOL["openvino_cpu"], np.float64)
+    v, a = _one_bin(ref, [-2e300, -1e300], MAX_POOL["openvino_cpu"], np.float64)
     assert v == -1e300 and a == 1
 
 
-def test_roi_pool_invalid_batch_raises():
+def test_roi_pool_invalid_batch_raises(ref):
     x = np.zeros((1, 1, 4, 4), np.float32)
     with pytest.raises(ValueError):
         ref.roi_pool_max(x, [[0, 0, 1, 1]], [1], (1, 1), 1.0, MAX_POOL["mxnet"])
 
 
-def test_roi_pool_zero_boxes():
+def test_roi_pool_zero_boxes(ref):
     x = np.zeros((1, 2, 4, 4), np.float32)
     y, am = ref.roi_pool_max(x, np.zeros((0, 4), np.float32), np.zeros(0, np.int64), (2, 3),
                              1.0, MAX_POOL["paddle"])
@@ -402,7 +411,7 @@ def test_roi_pool_zero_boxes():
 
 
 @pytest.mark.parametrize("name", ["mxnet", "paddle"])
-def test_roi_pool_max_grad_matches_finite_difference(name):
+def test_roi_pool_max_grad_matches_finite_difference(ref, name):
     rules = MAX_POOL[name]
     rs = np.random.RandomState(7)
     x = rs.permutation(2 * 2 * 6 * 5).reshape(2, 2, 6, 5) / 10.0 + rs.uniform(0, 1e-3, (2, 2, 6, 5))
@@ -421,7 +430,7 @@ def test_roi_pool_max_grad_matches_finite_difference(name):
 # =============================================================================================
 
 @pytest.mark.parametrize("name", sorted(BILINEAR_POOL))
-def test_bilinear_openvino_1x1(name):
+def test_bilinear_openvino_1x1(ref, name):
     """OpenVINO: 1x3x6x6, rois [0,.2,.2,.4,.4],[0,.2,.2,.6,.6], 1x1 (pinning irrelevant)."""
     x = openvino_features((1, 3, 6, 6))
     boxes, batch = split_rois([[0, .2, .2, .4, .4], [0, .2, .2, .6, .6]], np.float32)
@@ -430,14 +439,14 @@ def test_bilinear_openvino_1x1(name):
 
 
 @pytest.mark.parametrize("name", sorted(BILINEAR_POOL))
-def test_bilinear_openvino_2x2(name):
+def test_bilinear_openvino_2x2(ref, name):
     x = openvino_features((1, 1, 8, 8))
     boxes, batch = split_rois([[0, .15, .2, .75, .8]] * 3, np.float32)
     y = ref.roi_pool_bilinear(x, boxes, batch, (2, 2), BILINEAR_POOL[name])
     np.testing.assert_allclose(y.ravel(), [1.225, 1.645, 4.585, 5.005] * 3, rtol=1e-6, atol=0)
 
 
-def test_bilinear_openvino_border_pinning():
+def test_bilinear_openvino_border_pinning(ref):
     """OpenVINO border case: pinning the last index to (H-1)*y2 keeps in_y = 49 inside; the
     accumulated TF position lands just above 49 and the last row becomes 0."""
     x = np.ones((1, 1, 50, 50), np.float32)
@@ -457,7 +466,7 @@ def test_bilinear_openvino_border_pinning():
     ([0, 0, 1, 1], [[0, 5], [42, 47]]),              # whole map: corners sampled
     ([0, 0, 4, 4], [[0, 0], [0, 0]]),                # absolute coordinates: out of range
 ])
-def test_bilinear_openvino_oracle_8x6(box, expected):
+def test_bilinear_openvino_oracle_8x6(ref, box, expected):
     """oracles.md OpenVINO bilinear on arange(48).reshape(1,1,8,6)."""
     x = arange_map((1, 1, 8, 6), np.float32)
     y = ref.roi_pool_bilinear(x, np.array([box], np.float32), [0], (2, 2),
@@ -465,7 +474,7 @@ def test_bilinear_openvino_oracle_8x6(box, expected):
     np.testing.assert_allclose(y[0, 0], expected, rtol=1e-6, atol=1e-5)
 
 
-def test_bilinear_center_is_computed_in_double():
+def test_bilinear_center_is_computed_in_double(ref):
     """P == 1: (y1+y2) in T, then 0.5*...*(H-1) in double, then cast to T."""
     x = arange_map((1, 1, 9, 9), np.float32)
     box = np.array([[0.1, 0.3, 0.7, 0.9]], np.float32)
@@ -489,7 +498,7 @@ def _random_bilinear_case(rs):
 
 @pytest.mark.parametrize("name", sorted(BILINEAR_POOL))
 @pytest.mark.parametrize("size", [(3, 4), (1, 2)])
-def test_bilinear_adjoint_identity(name, size):
+def test_bilinear_adjoint_identity(ref, name, size):
     rs = np.random.RandomState(11)
     x, boxes, batch = _random_bilinear_case(rs)
     rules = BILINEAR_POOL[name]
@@ -500,7 +509,7 @@ def test_bilinear_adjoint_identity(name, size):
 
 
 @pytest.mark.parametrize("name", sorted(BILINEAR_POOL))
-def test_bilinear_grad_matches_finite_difference(name):
+def test_bilinear_grad_matches_finite_difference(ref, name):
     rs = np.random.RandomState(12)
     x, boxes, batch = _random_bilinear_case(rs)
     rules = BILINEAR_POOL[name]
@@ -517,7 +526,7 @@ def test_bilinear_grad_matches_finite_difference(name):
 
 @pytest.mark.parametrize("name", sorted(PSROI_POOL))
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_psroi_oracle_mxnet(name, dtype):
+def test_psroi_oracle_mxnet(ref, name, dtype):
     """oracles.md: MXNet PSROIPooling(output_dim=2, pooled_size=group_size=2)."""
     x = arange_map((1, 8, 6, 6), dtype)
     boxes, batch = split_rois([[0, 0, 0, 3, 3], [0, 1, 1, 5, 4]], dtype)
@@ -531,7 +540,7 @@ def test_psroi_oracle_mxnet(name, dtype):
 
 
 @pytest.mark.parametrize("name", sorted(PSROI_POOL))
-def test_psroi_semantics_example(name):
+def test_psroi_semantics_example(ref, name):
     """semantics.md 3.3 / 5.2: arange(256).reshape(1,4,8,8), P=2, out_dim=1."""
     x = arange_map((1, 4, 8, 8), np.float32)
     boxes, batch = split_rois([[0, 0, 0, 4, 4], [0, 2, 2, 7, 7]], np.float32)
@@ -539,7 +548,7 @@ def test_psroi_semantics_example(name):
     np.testing.assert_array_equal(y[:, 0], [[[9, 75], [153, 219]], [[27, 94], [179, 246]]])
 
 
-def test_psroi_shape_paddle_doc():
+def test_psroi_shape_paddle_doc(ref):
     """Paddle psroi_pool doc (seed 004) shape rule, scaled down: C = oc*PH*PW, out (K,oc,PH,PW)."""
     x = np.zeros((2, 10 * 3 * 2, 7, 7), np.float32)
     boxes = np.array([[1, 1, 4, 4]] * 5, np.float32)
@@ -549,7 +558,7 @@ def test_psroi_shape_paddle_doc():
         ref.psroi_pool(x, boxes, [0, 0, 0, 1, 1], 11, (3, 2), 1.0, PSROI_POOL["paddle"])
 
 
-def test_psroi_geometry_rounds_before_scaling_and_min_size():
+def test_psroi_geometry_rounds_before_scaling_and_min_size(ref):
     """round(x)*s, (round(x2)+1)*s, minimum size 0.1, offset added before floor/ceil."""
     x = arange_map((1, 1, 10, 10), np.float64)
     # box [2.4, 2.6, 7.5, 7.5], s = 0.5: rs_w = 2*0.5 = 1, rs_h = 3*0.5 = 1.5,
@@ -564,7 +573,7 @@ def test_psroi_geometry_rounds_before_scaling_and_min_size():
     np.testing.assert_array_equal(y[0, 0], np.full((2, 2), v[5, 5]))
 
 
-def test_psroi_sums_h_outer_w_inner_in_T():
+def test_psroi_sums_h_outer_w_inner_in_T(ref):
     """The bin sum runs h-outer, w-inner, from 0, in T: for the float32 bin
     [[1e8, 1], [-1e8, 1]] that is ((1e8 + 1) - 1e8) + 1 = 1 -> mean 0.25 (the exact mean
     is 0.5, a w-outer order would also give 0.5)."""
@@ -580,7 +589,7 @@ def test_psroi_sums_h_outer_w_inner_in_T():
     assert float(y[0, 0, 0, 0]) == 1.0
 
 
-def test_psroi_group_size_channel_map():
+def test_psroi_group_size_channel_map(ref):
     """MXNet group_size != pooled_size: gh = clamp(floor(ph*G/P), 0, G-1)."""
     x = np.zeros((1, 2 * 2 * 2, 6, 6), np.float64)
     for c in range(8):
@@ -594,17 +603,17 @@ def test_psroi_group_size_channel_map():
     np.testing.assert_array_equal(y[0], expected)
 
 
-def _random_psroi_case(rs):
-    x = rs.randn(2, 2 * 3 * 2, 7, 6)
+def _random_psroi_case(rs, group_size=(3, 2)):
+    x = rs.randn(2, 2 * group_size[0] * group_size[1], 7, 6)  # output_channels = 2
     boxes = np.array([[0.4, 1.2, 4.6, 5.1], [2, 3, 1, 1], [-3, -2, 9.7, 12.2], [1, 1, 1, 1]])
     batch = np.array([1, 0, 1, 0])
     return x, boxes, batch
 
 
 @pytest.mark.parametrize("group_size", [None, (2, 1)])
-def test_psroi_adjoint_identity(group_size):
+def test_psroi_adjoint_identity(ref, group_size):
     rs = np.random.RandomState(21)
-    x, boxes, batch = _random_psroi_case(rs)
+    x, boxes, batch = _random_psroi_case(rs, group_size or (3, 2))
     rules = PSROI_POOL["mxnet"]
     dy = rs.randn(4, 2, 3, 2)
     y = ref.psroi_pool(x, boxes, batch, 2, (3, 2), 0.75, rules, group_size=group_size)
@@ -613,7 +622,7 @@ def test_psroi_adjoint_identity(group_size):
     assert np.sum(y * dy) == pytest.approx(np.sum(x * dx), rel=1e-12, abs=1e-12)
 
 
-def test_psroi_grad_matches_finite_difference():
+def test_psroi_grad_matches_finite_difference(ref):
     rs = np.random.RandomState(22)
     x, boxes, batch = _random_psroi_case(rs)
     rules = PSROI_POOL["paddle"]
@@ -634,7 +643,7 @@ def test_psroi_grad_matches_finite_difference():
     (True, [6.0, 9.75]),
     (False, [8.5, 12.25]),
 ])
-def test_roi_align_paddle_test_vector(dtype, name, aligned, expected):
+def test_roi_align_paddle_test_vector(ref, dtype, name, aligned, expected):
     """Paddle test_ops_roi_align::test_value (semantics.md 3.4); exact for every sampler."""
     x = arange_map((1, 1, 4, 4), dtype, start=1)
     boxes = np.array([[1, 1, 2, 2], [1.5, 1.5, 3, 3]], dtype)
@@ -652,7 +661,7 @@ MX_ALIGN_ROIS = [[0, 0, 0, 4, 4], [0, .5, 1.5, 3.7, 6.2]]
     (False, [[[7, 9], [19, 21]], [[17.35, 18.95], [31.45, 33.05]]]),
     (True, [[[3.5, 5.5], [15.5, 17.5]], [[13.85, 15.45], [27.95, 29.55]]]),
 ])
-def test_roi_align_mxnet_oracle(dtype, rtol, name, aligned, expected):
+def test_roi_align_mxnet_oracle(ref, dtype, rtol, name, aligned, expected):
     """oracles.md: MXNet ROIAlign sample_ratio=2 on arange(48).reshape(1,1,8,6)."""
     x = arange_map((1, 1, 8, 6), dtype)
     boxes, batch = split_rois(MX_ALIGN_ROIS, dtype)
@@ -660,7 +669,7 @@ def test_roi_align_mxnet_oracle(dtype, rtol, name, aligned, expected):
     np.testing.assert_allclose(y[:, 0], np.array(expected), rtol=rtol, atol=0)
 
 
-def test_roi_align_mxnet_oracle_backward_sum():
+def test_roi_align_mxnet_oracle_backward_sum(ref):
     """oracles.md: ROIAlign backward grad sum 4.0 (4 outputs, weights summing to 1 each)."""
     x_shape = (1, 1, 8, 6)
     boxes, batch = split_rois(MX_ALIGN_ROIS[:1], np.float32)
@@ -671,7 +680,7 @@ def test_roi_align_mxnet_oracle_backward_sum():
     assert np.count_nonzero(dx) == 25
 
 
-def test_roi_align_paddle_forward_differs_in_last_bit():
+def test_roi_align_paddle_forward_differs_in_last_bit(ref):
     """semantics.md 3.4: Paddle's forward association/weights/reciprocal differ from Caffe2 in
     the last bit for float32 (about 1e-6 relative), while agreeing closely."""
     rs = np.random.RandomState(5)
@@ -691,7 +700,7 @@ def test_roi_align_paddle_forward_differs_in_last_bit():
     np.testing.assert_allclose(y64_pd, y64_c2, rtol=0, atol=1e-13)
 
 
-def test_roi_align_float32_intermediates_are_rounded():
+def test_roi_align_float32_intermediates_are_rounded(ref):
     """Every intermediate is binary32: the float32 result is not the float64 result rounded
     once (but within float32 accuracy of it)."""
     rs = np.random.RandomState(4)
@@ -705,7 +714,7 @@ def test_roi_align_float32_intermediates_are_rounded():
     np.testing.assert_allclose(y32, y64, rtol=0, atol=2e-6)
 
 
-def test_roi_align_sample_position_expressions_float32():
+def test_roi_align_sample_position_expressions_float32(ref):
     """Pin the two samplers' float32 expressions (semantics.md section 1 and 3.4) on a ramp
     v[0, w] = w with H = 1 and one sample per bin, where the output is a function of the
     sample position alone:
@@ -741,7 +750,7 @@ def test_roi_align_sample_position_expressions_float32():
     assert n_assoc_differs > 0          # the two associations really differ on this data
 
 
-def test_roi_align_scale_precision_float64():
+def test_roi_align_scale_precision_float64(ref):
     """float64 input: MXNet multiplies by double(0.7f), torchvision by 0.7 -> last-bit diff."""
     x = np.random.RandomState(6).rand(1, 2, 10, 10)
     boxes = np.array([[1.3, 2.1, 9.7, 8.8], [3, 3, 11, 13]], np.float64)
@@ -757,7 +766,7 @@ def test_roi_align_scale_precision_float64():
                                   ref.roi_align(x32, *args32, ROI_ALIGN["torchvision"]))
 
 
-def test_roi_align_empty_grid_zero_vs_nan():
+def test_roi_align_empty_grid_zero_vs_nan(ref):
     """semantics.md 3.4: aligned box [1,1,1,1] -> Paddle NaN, torchvision 0."""
     x = arange_map((1, 1, 4, 4), np.float32, start=1)
     box = np.array([[1, 1, 1, 1]], np.float32)
@@ -779,7 +788,7 @@ def test_roi_align_empty_grid_zero_vs_nan():
 
 
 @pytest.mark.parametrize("name", sorted(ROI_ALIGN))
-def test_roi_align_out_of_range_samples_count_with_zero_times_v00(name):
+def test_roi_align_out_of_range_samples_count_with_zero_times_v00(ref, name):
     x = arange_map((1, 1, 4, 4), np.float32, start=1)
     box = np.array([[20, 20, 22, 22]], np.float32)           # entirely outside
     y = ref.roi_align(x, box, [0], (1, 1), 1.0, 2, False, ROI_ALIGN[name])
@@ -798,7 +807,7 @@ def test_roi_align_out_of_range_samples_count_with_zero_times_v00(name):
     assert float(y[0, 0, 0, 0]) == pytest.approx(in_range_sum / 4, rel=1e-6)
 
 
-def test_roi_align_paddle_backward_uses_clamped_box():
+def test_roi_align_paddle_backward_uses_clamped_box(ref):
     """Paddle's backward clamps the size to >= 1 even when aligned, so for a narrow aligned
     box it is not the gradient of Paddle's forward (torchvision's is)."""
     rs = np.random.RandomState(8)
@@ -824,7 +833,7 @@ def _random_align_case(rs):
 @pytest.mark.parametrize("name", sorted(ROI_ALIGN))
 @pytest.mark.parametrize("aligned", [False, True])
 @pytest.mark.parametrize("sampling_ratio", [-1, 2])
-def test_roi_align_adjoint_identity(name, aligned, sampling_ratio):
+def test_roi_align_adjoint_identity(ref, name, aligned, sampling_ratio):
     rs = np.random.RandomState(31)
     x, boxes, batch = _random_align_case(rs)
     if aligned:
@@ -839,7 +848,7 @@ def test_roi_align_adjoint_identity(name, aligned, sampling_ratio):
 
 
 @pytest.mark.parametrize("name", ["mxnet", "paddle"])
-def test_roi_align_grad_matches_finite_difference(name):
+def test_roi_align_grad_matches_finite_difference(ref, name):
     rs = np.random.RandomState(32)
     x, boxes, batch = _random_align_case(rs)
     rules = ROI_ALIGN[name]
@@ -854,7 +863,7 @@ def test_roi_align_grad_matches_finite_difference(name):
 # numeric_grad itself
 # =============================================================================================
 
-def test_numeric_grad_on_a_quadratic():
+def test_numeric_grad_on_a_quadratic(ref):
     a = np.array([[1.0, -2.0], [0.5, 3.0]])
     x = np.array([[0.3, -0.1], [2.0, 1.5]], np.float32)
     g = ref.numeric_grad(lambda z: np.sum(a * z * z), x)
