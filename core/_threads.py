@@ -8,6 +8,10 @@ from ._kernels import omp_max_threads, openmp_enabled
 
 __all__ = ["openmp_enabled", "effective_n_threads"]
 
+# libgomp dies (SIGSEGV) when asked for tens of thousands of threads; no RoI workload
+# gains anything past a few per core, so larger requests are refused up front.
+MAX_THREADS = 1024
+
 
 def effective_n_threads(n_threads=None) -> int:
     """Number of OpenMP threads a kernel call will use.
@@ -29,6 +33,8 @@ def effective_n_threads(n_threads=None) -> int:
         if n_threads == 0:
             raise ValueError("n_threads = 0 is invalid: pass a positive count, a negative "
                              "count relative to the CPU count, or None")
+        if n_threads > MAX_THREADS:
+            raise ValueError(f"n_threads must be at most {MAX_THREADS}, got {n_threads}")
     if not openmp_enabled():
         return 1
     cpus = _cpu_count()

@@ -17,9 +17,11 @@ import numpy as np
 # conversions are undefined behaviour.
 MAX_SCALED_COORD = float(2**24)
 
-# RoIAlign with adaptive sampling takes ceil(box/P)**2 samples per bin; a runaway box
-# would otherwise look like a hang.  2**20 samples per bin is a ~7000-pixel-wide bin.
+# RoIAlign takes grid_h * grid_w samples per bin (sampling_ratio**2, or ceil(bin)**2 when
+# adaptive); a runaway grid would otherwise look like a hang.  2**20 samples per bin is a
+# ~1000-pixel-wide bin sampled at every pixel.
 MAX_SAMPLES_PER_BIN = 2**20
+MAX_SAMPLING_RATIO = 2**10
 
 _FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 
@@ -85,9 +87,25 @@ def sampling_ratio(value, name="sampling_ratio"):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < -1:
         raise ValueError(f"{name} must be >= -1 (-1 or 0: adaptive), got {value}")
-    if value > 2**16:
-        raise ValueError(f"{name} must be <= 65536, got {value}")
+    if value > MAX_SAMPLING_RATIO:
+        raise ValueError(f"{name} must be <= {MAX_SAMPLING_RATIO} (at most 2**20 samples per "
+                         f"bin), got {value}")
     return int(value)
+
+
+def real(value, name):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    return float(value)
+
+
+def held_scale(scale, held, name="spatial_scale"):
+    """Check spatial_scale as the kernel will hold it (a float32 may underflow to 0 or
+    overflow to inf even when the Python float was fine)."""
+    if not (0 < held < math.inf):
+        raise ValueError(f"{name}={scale!r} becomes {held!r} when held as a float32 (as the "
+                         f"convention's framework holds it); it must stay positive and finite")
+    return held
 
 
 def flag(value, name):
@@ -113,14 +131,13 @@ def boxes_and_batch(boxes, batch_indices, n_images, dtype, name="boxes"):
             raise ValueError(f"{name} has a batch column (shape {arr.shape}); "
                              "batch_indices must then be None")
         col = arr[:, 0]
-        if not np.all(np.isfinite(col)):
+        if col.dtype.kind == "f" and not np.all(np.isfinite(col)):
             k = int(np.flatnonzero(~np.isfinite(col))[0])
             raise ValueError(f"{name}[{k}, 0] (batch index) must be finite, got {col[k]}")
         if np.any(col != np.floor(col)):
             k = int(np.flatnonzero(col != np.floor(col))[0])
             raise ValueError(f"{name}[{k}, 0] (batch index) must be an integer, got {col[k]}")
-        batch = col.astype(np.int64)
-        batch_name = f"{name}[:, 0]"
+        raw, batch_name = col, f"{name}[:, 0]"
         coords = arr[:, 1:]
     else:
         if batch_indices is None:
@@ -132,15 +149,17 @@ def boxes_and_batch(boxes, batch_indices, n_images, dtype, name="boxes"):
         if b.shape != (arr.shape[0],):
             raise ValueError(f"batch_indices must have shape ({arr.shape[0]},) to match "
                              f"{name}, got {b.shape}")
-        batch = b.astype(np.int64)
-        batch_name = "batch_indices"
+        raw, batch_name = b, "batch_indices"
         coords = arr
-    if batch.size:
-        bad = np.flatnonzero((batch < 0) | (batch >= n_images))
-        if bad.size:
-            k = int(bad[0])
-            raise ValueError(f"{batch_name}[{k}] = {batch[k]} is out of range for a feature "
-                             f"map with N={n_images} images (expected 0 <= index < {n_images})")
+    # Compare the values as given (before any cast can wrap them) and report them so.
+    bad = np.flatnonzero((raw < 0) | (raw >= n_images))
+    if bad.size:
+        k = int(bad[0])
+        value = raw[k].item()
+        value = int(value) if float(value).is_integer() and abs(value) < 2**63 else value
+        raise ValueError(f"{batch_name}[{k}] = {value} is out of range for a feature "
+                         f"map with N={n_images} images (expected 0 <= index < {n_images})")
+    batch = raw.astype(np.int64)
     coords = np.ascontiguousarray(coords, dtype=dtype)
     if not np.all(np.isfinite(coords)):
         k, j = (int(i[0]) for i in np.nonzero(~np.isfinite(coords)))
@@ -154,13 +173,13 @@ def coordinate_range(coords, scale_x, scale_y, name="boxes"):
     if coords.size == 0:
         return
     reach = np.abs(coords.astype(np.float64)) * np.array([scale_x, scale_y, scale_x, scale_y])
-    if reach.max() > MAX_SCALED_COORD:
+    if not reach.max() <= MAX_SCALED_COORD:
         k, j = np.unravel_index(int(np.argmax(reach)), reach.shape)
         raise ValueError(f"{name}[{k}] coordinate {coords[k, j]} lies {reach[k, j]:.3g} "
                          f"feature-map pixels from the origin; at most 2**24 is supported")
 
 
-def adaptive_grid(coords, spatial_scale, output_size, sampling_ratio_, aligned, name="boxes"):
+def adaptive_grid(coords, spatial_scale, output_size, sampling_ratio_, name="boxes"):
     """Reject boxes whose adaptive RoIAlign grid would exceed MAX_SAMPLES_PER_BIN."""
     if sampling_ratio_ > 0 or coords.size == 0:
         return

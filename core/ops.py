@@ -51,9 +51,10 @@ _FLT_MAX = float(np.finfo(np.float32).max)
 
 def _scale_for(rules, spatial_scale, dtype):
     """spatial_scale as the framework holds it: a C float attribute, or the input dtype."""
-    if rules.scale_precision == "float32":
-        return float(np.float32(spatial_scale))
-    return float(np.dtype(dtype).type(spatial_scale))
+    held_type = np.float32 if rules.scale_precision == "float32" else np.dtype(dtype).type
+    with np.errstate(over="ignore", under="ignore"):
+        held = float(held_type(spatial_scale))
+    return V.held_scale(spatial_scale, held)
 
 
 def _method(method):
@@ -130,6 +131,10 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, me
     return_argmax = V.flag(return_argmax, "return_argmax")
     if return_argmax and method != "max":
         raise ValueError("return_argmax=True needs method='max'; bilinear pooling has no argmax")
+    extrapolation_value = V.real(extrapolation_value, "extrapolation_value")
+    if method == "max" and extrapolation_value != 0:
+        raise ValueError("extrapolation_value applies to method='bilinear' only, got "
+                         f"{extrapolation_value!r} with method='max'")
     xc, out_dtype = V.nchw_float(x, "x")
     PH, PW = V.pair(output_size, "output_size")
     spatial_scale = V.positive_scale(spatial_scale)
@@ -151,11 +156,9 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, me
             flat = argmax.astype(np.int64) + _plane_offsets(batch, xc.shape)
             argmax = np.where(argmax >= 0, flat, -1).astype(_argmax_dtype(rules, xc.size))
         return y, argmax
-    if isinstance(extrapolation_value, bool) or not np.isscalar(extrapolation_value):
-        raise TypeError(f"extrapolation_value must be a real number, got {extrapolation_value!r}")
     V.coordinate_range(coords, W - 1, H - 1)
-    _kernels.roi_pool_bilinear_forward(xc, coords, batch, rules.pin_last,
-                                       float(extrapolation_value), out, threads)
+    _kernels.roi_pool_bilinear_forward(xc, coords, batch, rules.pin_last, extrapolation_value,
+                                       out, threads)
     return out.astype(out_dtype, copy=False)
 
 
@@ -185,43 +188,61 @@ def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, bat
         plane_idx = _plane_argmax(argmax, rules, g.shape, batch, shape)
         _kernels.roi_pool_max_backward(g, plane_idx, batch, dx, threads)
     else:
+        if argmax is not None:
+            raise ValueError("argmax is only used by method='max'; bilinear pooling has none")
         V.coordinate_range(coords, W - 1, H - 1)
         _kernels.roi_pool_bilinear_backward(g, coords, batch, rules.pin_last, dx, threads)
     return dx.astype(out_dtype, copy=False)
 
 
 def _plane_argmax(argmax, rules, expected_shape, batch, input_shape):
-    """Check an argmax from the forward and return it as per-plane indices (h*W + w)."""
+    """Check an argmax from the forward and return it as per-plane indices (h*W + w).
+
+    Every value must be -1 ("nothing selected") or address a pixel of its own (box,
+    channel) plane; the kernel writes through these indices, so nothing else may pass.
+    """
     a = np.asarray(argmax)
     if a.dtype.kind not in "iu":
         raise TypeError(f"argmax must have an integer dtype, got {a.dtype}")
     if a.shape != tuple(expected_shape):
         raise ValueError(f"argmax must have shape {tuple(expected_shape)}, got {a.shape}")
     H, W = input_shape[2], input_shape[3]
+    limit = H * W if rules.argmax == "plane" else int(np.prod(input_shape))
+    # compared as given, before a cast could wrap e.g. uint64 2**64-1 to -1
+    if a.size and (a.min() < -1 or a.max() >= limit):
+        raise _argmax_error(rules, input_shape)
+    a = a.astype(np.int64)
     if rules.argmax == "global":
-        a = a.astype(np.int64)
-        a = np.where(a >= 0, a - _plane_offsets(batch, input_shape), -1)
-    a = np.ascontiguousarray(a, dtype=np.int64 if a.dtype.itemsize > 4 else np.int32)
-    if a.size and (a.min() < -1 or a.max() >= H * W):
-        raise ValueError(f"argmax holds indices outside [-1, {H * W}) for {rules.argmax!r} "
-                         f"encoding and input shape {tuple(input_shape)}; pass the argmax "
-                         "returned by roi_pool with the same boxes and convention")
-    return a
+        plane = a - _plane_offsets(batch, input_shape)
+        if np.any((a >= 0) & ((plane < 0) | (plane >= H * W))):
+            raise _argmax_error(rules, input_shape)
+        a = np.where(a >= 0, plane, -1)
+    return np.ascontiguousarray(a, dtype=np.int32 if H * W < 2**31 else np.int64)
 
 
-def _psroi_setup(output_size, group_size, C, output_channels):
+def _argmax_error(rules, input_shape):
+    return ValueError(f"argmax holds indices outside [-1, {input_shape[2] * input_shape[3]}) "
+                      f"for {rules.argmax!r} encoding and input shape {tuple(input_shape)}; "
+                      "pass the argmax returned by roi_pool with the same boxes and convention")
+
+
+def _psroi_setup(output_size, group_size, C, output_channels, channels_of="x"):
+    """Pooled size, group size and output channels; ``channels_of`` names where C came from."""
     PH, PW = V.pair(output_size, "output_size")
     GH, GW = (PH, PW) if group_size is None else V.pair(group_size, "group_size")
     if output_channels is None:
         if C % (GH * GW):
-            raise ValueError(f"x has C={C} channels, which is not a multiple of the group area "
-                             f"{GH}x{GW}={GH * GW}")
+            raise ValueError(f"{channels_of} has C={C} channels, which is not a multiple of the "
+                             f"group area {GH}x{GW}={GH * GW}")
         output_channels = C // (GH * GW)
     elif isinstance(output_channels, bool) or not isinstance(output_channels, (int, np.integer)):
         raise TypeError(f"output_channels must be an int, got {type(output_channels).__name__}")
-    if output_channels < 1 or C != output_channels * GH * GW:
-        raise ValueError(f"x must have output_channels * {GH} * {GW} = {output_channels * GH * GW} "
-                         f"channels (output_channels={output_channels}, group {GH}x{GW}), got C={C}")
+    if output_channels < 1:
+        raise ValueError(f"output_channels must be >= 1, got {output_channels}")
+    if C != output_channels * GH * GW:
+        raise ValueError(f"{channels_of} must have output_channels * {GH} * {GW} = "
+                         f"{output_channels * GH * GW} channels (output_channels="
+                         f"{output_channels}, group {GH}x{GW}), got C={C}")
     return PH, PW, GH, GW, int(output_channels)
 
 
@@ -266,7 +287,7 @@ def psroi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, g
     shape = V.input_shape(input_shape)
     N, C, H, W = shape
     g, out_dtype = V.nchw_float(grad_output, "grad_output", "(K, D, PH, PW)")
-    _, _, GH, GW, D = _psroi_setup(g.shape[2:], group_size, C, None)
+    _, _, GH, GW, D = _psroi_setup(g.shape[2:], group_size, C, None, "input_shape")
     spatial_scale = V.positive_scale(spatial_scale)
     coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype)
     V.expect_shape(g, (coords.shape[0], D) + g.shape[2:], "grad_output")
@@ -311,7 +332,7 @@ def roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, align
     coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype)
     scale = _scale_for(rules, spatial_scale, xc.dtype)
     V.coordinate_range(coords, scale, scale)
-    V.adaptive_grid(coords, scale, (PH, PW), sampling_ratio, aligned)
+    V.adaptive_grid(coords, scale, (PH, PW), sampling_ratio)
     out = np.empty((coords.shape[0], C, PH, PW), xc.dtype)
     _kernels.roi_align_forward(xc, coords, batch, scale, sampling_ratio, aligned,
                                _SAMPLER[rules.sampler], rules.empty_grid == "nan", out,
@@ -335,7 +356,7 @@ def roi_align_backward(grad_output, boxes, input_shape, spatial_scale=1.0, sampl
     V.expect_shape(g, (coords.shape[0], C, PH, PW), "grad_output")
     scale = _scale_for(rules, spatial_scale, g.dtype)
     V.coordinate_range(coords, scale, scale)
-    V.adaptive_grid(coords, scale, (PH, PW), sampling_ratio, aligned)
+    V.adaptive_grid(coords, scale, (PH, PW), sampling_ratio)
     dx = np.zeros(shape, g.dtype)
     _kernels.roi_align_backward(g, coords, batch, scale, sampling_ratio, aligned,
                                 rules.backward_min_size_always, dx, effective_n_threads(n_threads))
