@@ -308,3 +308,53 @@ def test_box_formats_and_layouts_agree():
     x_ro.flags.writeable = False
     for variant in (x_nc, x_ro, x.transpose(0, 1, 3, 2).copy().transpose(0, 1, 3, 2)):
         assert np.array_equal(want, rc.roi_align(variant, rois, 2, 1.0, 2))
+
+
+# --- one larger case per operator and convention (hypothesis favours small ones) -------
+
+def _large_case(dtype, seed, normalised=False, channels=5):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((2, channels, 23, 29)).astype(dtype)
+    if normalised:
+        boxes = rng.uniform(-0.3, 1.3, (40, 4))
+    else:
+        xy = rng.uniform(-60, 420, (40, 2))
+        boxes = np.hstack([xy, xy + rng.uniform(-40, 300, (40, 2))])
+    batch = rng.integers(0, 2, 40)
+    return x, boxes.astype(dtype), batch
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("convention", sorted(MAX_POOL))
+def test_roi_pool_max_large_case(dtype, convention):
+    x, boxes, batch = _large_case(dtype, 1)
+    y, am = rc.roi_pool(x, boxes, (7, 5), 1 / 16, batch_indices=batch, convention=convention,
+                        return_argmax=True)
+    y_ref, am_ref = ref.roi_pool_max(x, boxes, batch, (7, 5), 1 / 16, MAX_POOL[convention])
+    assert_same(y, y_ref)
+    assert_same(am, am_ref)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("convention", sorted(ROI_ALIGN))
+@pytest.mark.parametrize("aligned", [False, True])
+def test_roi_align_large_case(dtype, convention, aligned):
+    x, boxes, batch = _large_case(dtype, 2, channels=2)
+    args = ((3, 4), 1 / 16, -1, aligned)
+    y = rc.roi_align(x, boxes, *args, batch_indices=batch, convention=convention)
+    assert_same(y, ref.roi_align(x, boxes, batch, *args, ROI_ALIGN[convention]))
+    g = np.ones_like(y)
+    dx = rc.roi_align_backward(g, boxes, x.shape, *args[1:], batch_indices=batch,
+                               convention=convention)
+    assert_same(dx, ref.roi_align_backward(g, boxes, batch, x.shape, *args, ROI_ALIGN[convention]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_psroi_and_bilinear_large_case(dtype):
+    x, boxes, batch = _large_case(dtype, 3, channels=2 * 12)
+    y = rc.psroi_pool(x, boxes, (4, 3), 1 / 16, batch_indices=batch)
+    assert_same(y, ref.psroi_pool(x, boxes, batch, 2, (4, 3), 1 / 16, PSROI_POOL["paddle"]))
+    x, boxes, batch = _large_case(dtype, 4, normalised=True)
+    for name, rules in BILINEAR_POOL.items():
+        y = rc.roi_pool(x, boxes, (5, 6), batch_indices=batch, method="bilinear", convention=name)
+        assert_same(y, ref.roi_pool_bilinear(x, boxes, batch, (5, 6), rules))
