@@ -18,7 +18,7 @@ Contract (the Python layer in ``ops.py`` guarantees all of it; nothing here re-c
 """
 from cython cimport floating
 from cython.parallel cimport prange
-from libc.math cimport floor, ceil, round, NAN
+from libc.math cimport floor, ceil, round, fma, fmaf, NAN
 from libc.stdint cimport int32_t, int64_t
 
 import numpy as np
@@ -72,12 +72,18 @@ cdef inline int64_t _clamp(int64_t v, int64_t lo, int64_t hi) noexcept nogil:
 # ---------------------------------------------------------------------------------------
 
 cdef inline void _integer_roi_bins(floating lo, floating hi, floating scale, Py_ssize_t P,
-                                   Py_ssize_t size, int mode,
+                                   Py_ssize_t size, int mode, bint product_double,
                                    int64_t* start, int64_t* end) noexcept nogil:
-    """Bin edges along one axis: round(x*s) (half away from zero), +1, at least 1 pixel,
-    floor/ceil of p*rh/P in the requested arithmetic, then clamp to [0, size]."""
-    cdef int64_t s = <int64_t>round(lo * scale)
-    cdef int64_t e = <int64_t>round(hi * scale)
+    """Bin edges along one axis: round(x*s) (half away from zero; the product in the input
+    dtype or in double), +1, at least 1 pixel, floor/ceil of p*rh/P in the requested
+    arithmetic, then clamp to [0, size]."""
+    cdef int64_t s, e
+    if product_double:
+        s = <int64_t>round(<double>lo * <double>scale)
+        e = <int64_t>round(<double>hi * <double>scale)
+    else:
+        s = <int64_t>round(lo * scale)
+        e = <int64_t>round(hi * scale)
     cdef int64_t r = e - s + 1
     cdef int64_t a, b
     cdef float bin32
@@ -105,7 +111,7 @@ cdef inline void _max_pool_plane(const floating* plane, Py_ssize_t W,
                                  Py_ssize_t PH, Py_ssize_t PW,
                                  const int64_t* hs, const int64_t* he,
                                  const int64_t* ws, const int64_t* we,
-                                 int compare, floating initial,
+                                 int compare, floating initial, bint start_first,
                                  floating* out, index_t* amax) noexcept nogil:
     cdef Py_ssize_t ph, pw, h, w
     cdef floating m, v
@@ -116,8 +122,12 @@ cdef inline void _max_pool_plane(const floating* plane, Py_ssize_t W,
                 out[ph * PW + pw] = 0  # empty bin: 0, nothing to route a gradient to
                 amax[ph * PW + pw] = -1
                 continue
-            m = initial
-            a = -1
+            if start_first:  # OpenVINO's JIT kernel: the running max starts at the bin's first element
+                a = hs[ph] * W + ws[pw]
+                m = plane[a]
+            else:
+                m = initial
+                a = -1
             for h in range(hs[ph], he[ph]):
                 for w in range(ws[pw], we[pw]):
                     v = plane[h * W + w]
@@ -140,7 +150,8 @@ cdef inline void _max_pool_plane(const floating* plane, Py_ssize_t W,
 def roi_pool_max_forward(const floating[:, :, :, ::1] x,      # IN  (N, C, H, W)
                          const floating[:, ::1] boxes,         # IN  (K, 4)
                          const int64_t[::1] batch,             # IN  (K,)
-                         double spatial_scale, int bin_mode, int compare, double initial,
+                         double spatial_scale, int bin_mode, bint product_double,
+                         int compare, double initial, bint start_first,
                          floating[:, :, :, ::1] out,           # OUT (K, C, PH, PW)
                          index_t[:, :, :, ::1] argmax,         # OUT (K, C, PH, PW), h*W+w
                          int n_threads):
@@ -157,14 +168,16 @@ def roi_pool_max_forward(const floating[:, :, :, ::1] x,      # IN  (N, C, H, W)
     cdef int64_t[:, ::1] we = np.empty((K, PW), np.int64)
     with nogil:
         for k in prange(K, num_threads=n_threads, schedule="static"):
-            _integer_roi_bins(boxes[k, 1], boxes[k, 3], scale, PH, H, bin_mode, &hs[k, 0], &he[k, 0])
-            _integer_roi_bins(boxes[k, 0], boxes[k, 2], scale, PW, W, bin_mode, &ws[k, 0], &we[k, 0])
+            _integer_roi_bins(boxes[k, 1], boxes[k, 3], scale, PH, H, bin_mode, product_double,
+                              &hs[k, 0], &he[k, 0])
+            _integer_roi_bins(boxes[k, 0], boxes[k, 2], scale, PW, W, bin_mode, product_double,
+                              &ws[k, 0], &we[k, 0])
         for kc in prange(K * C, num_threads=n_threads, schedule="guided"):
             k = kc // C
             c = kc % C
             _max_pool_plane(&x[batch[k], c, 0, 0], W, PH, PW,
                             &hs[k, 0], &he[k, 0], &ws[k, 0], &we[k, 0],
-                            compare, init, &out[k, c, 0, 0], &argmax[k, c, 0, 0])
+                            compare, init, start_first, &out[k, c, 0, 0], &argmax[k, c, 0, 0])
 
 
 def roi_pool_max_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C, PH, PW)
@@ -217,10 +230,19 @@ cdef inline void _crop_coords(floating x1, floating y1, floating x2, floating y2
         xs[p] = _crop_coord(x1, x2, W, PW, p, pin_last)
 
 
+cdef inline floating _lerp(floating a, floating b, floating t, bint fused) noexcept nogil:
+    """a + (b - a) * t, rounded twice (TF, OpenVINO reference) or once (fused, OpenVINO CPU)."""
+    if not fused:
+        return a + (b - a) * t
+    if floating is float:
+        return fmaf(b - a, t, a)
+    return fma(b - a, t, a)
+
+
 def roi_pool_bilinear_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
                               const floating[:, ::1] boxes,      # IN  (K, 4), normalised
                               const int64_t[::1] batch,          # IN  (K,)
-                              bint pin_last, double extrapolation_value,
+                              bint pin_last, bint fused_lerp, double extrapolation_value,
                               floating[:, :, :, ::1] out,        # OUT (K, C, PH, PW)
                               int n_threads):
     cdef Py_ssize_t K = boxes.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
@@ -254,9 +276,9 @@ def roi_pool_bilinear_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, 
                     r = <Py_ssize_t>ceil(xx)
                     ly = y - <floating>t
                     lx = xx - <floating>l
-                    top = plane[t * W + l] + (plane[t * W + r] - plane[t * W + l]) * lx
-                    bottom = plane[b * W + l] + (plane[b * W + r] - plane[b * W + l]) * lx
-                    out[k, c, ph, pw] = top + (bottom - top) * ly
+                    top = _lerp(plane[t * W + l], plane[t * W + r], lx, fused_lerp)
+                    bottom = _lerp(plane[b * W + l], plane[b * W + r], lx, fused_lerp)
+                    out[k, c, ph, pw] = _lerp(top, bottom, ly, fused_lerp)
 
 
 def roi_pool_bilinear_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C, PH, PW)

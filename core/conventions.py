@@ -37,9 +37,10 @@ class MaxPoolRules:
     initial
         Start value of the running max in a non-empty bin. ``"-FLT_MAX"`` (MXNet,
         torchvision; also for float64), ``"lowest"`` (-max of the input dtype: Paddle,
-        OpenVINO reference), ``"nan"`` (OpenVINO CPU plugin: the first element, which with
-        ``fmax`` is the same as starting from NaN).  Visible only for bins whose values are
-        all NaN, all -inf or below -FLT_MAX.
+        OpenVINO reference), ``"first"`` (the bin's first element: OpenVINO CPU plugin's
+        JIT kernel), ``"nan"`` (with ``fmax``, the same as the plugin's non-JIT fallback,
+        which starts from the first element and applies ``fmax``).  Visible only for bins
+        holding NaN, -inf or values below -FLT_MAX.
     compare
         ``"greater"``: take v when ``v > m`` (first maximum wins, NaN never taken);
         ``"std_max"``: ``m = (v < m) ? m : v`` (OpenVINO reference; a later equal value
@@ -51,14 +52,19 @@ class MaxPoolRules:
         bins always give -1.
     argmax_dtype
         ``"int32"`` or ``"int64"``, as the framework stores it.
+    scale_product
+        Precision of ``x * spatial_scale`` before rounding: ``"input"`` (every framework's
+        reference kernel) or ``"float64"`` (OpenVINO's CPU plugin, where 3.5714285f * 0.7f
+        is 2.4999999 and rounds to 2 instead of 3).
     """
 
     bin_arithmetic: Literal["input", "float32", "exact"]
     scale_precision: Literal["float32", "input"]
-    initial: Literal["-FLT_MAX", "lowest", "nan"]
+    initial: Literal["-FLT_MAX", "lowest", "first", "nan"]
     compare: Literal["greater", "std_max", "fmax"]
     argmax: Literal["plane", "global"]
     argmax_dtype: Literal["int32", "int64"]
+    scale_product: Literal["input", "float64"] = "input"
 
 
 @dataclass(frozen=True)
@@ -72,9 +78,13 @@ class BilinearPoolRules:
     pin_last
         OpenVINO writes the last sample as exactly ``(H-1)*y2`` instead of accumulating
         ``y1*(H-1) + (P-1)*step`` (TF does the latter); the two differ in the last bit.
+    fused_lerp
+        OpenVINO's CPU plugin interpolates with fused multiply-adds, ``fma(b - a, t, a)``,
+        rounding once where the reference rounds twice.
     """
 
     pin_last: bool
+    fused_lerp: bool = False
 
 
 @dataclass(frozen=True)
@@ -124,11 +134,13 @@ MAX_POOL = {
     "paddle": MaxPoolRules("float32", "float32", "lowest", "greater", "plane", "int64"),
     "torchvision": MaxPoolRules("input", "input", "-FLT_MAX", "greater", "plane", "int32"),
     "openvino": MaxPoolRules("input", "float32", "lowest", "std_max", "plane", "int64"),
-    "openvino_cpu": MaxPoolRules("exact", "float32", "nan", "fmax", "plane", "int64"),
+    "openvino_cpu": MaxPoolRules("exact", "float32", "first", "greater", "plane", "int64",
+                                 scale_product="float64"),
 }
 
 BILINEAR_POOL = {
     "openvino": BilinearPoolRules(pin_last=True),
+    "openvino_cpu": BilinearPoolRules(pin_last=True, fused_lerp=True),
     "tensorflow": BilinearPoolRules(pin_last=False),
 }
 

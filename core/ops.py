@@ -79,9 +79,10 @@ def _max_kernel_args(rules, dtype):
         initial = -_FLT_MAX
     elif rules.initial == "lowest":
         initial = float(np.finfo(dtype).min)
-    else:
+    else:  # "nan"; unused by "first", which starts from the bin's first element
         initial = float("nan")
-    return _BINS[bins], _COMPARE[rules.compare], initial
+    return (_BINS[bins], rules.scale_product == "float64", _COMPARE[rules.compare], initial,
+            rules.initial == "first")
 
 
 def _argmax_dtype(rules, n_elements):
@@ -102,15 +103,15 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, me
              convention=None, return_argmax=False, extrapolation_value=0.0, n_threads=None):
     """RoI pooling: max (Fast R-CNN) or bilinear (OpenVINO ROIPooling "bilinear").
 
-    method="max" (default convention "mxnet"; also "paddle", "torchvision", "openvino",
-    "openvino_cpu")
+    method="max" (default convention "mxnet"; also "paddle", "torchvision", "openvino"
+    (ROIPooling-1 reference), "openvino_cpu" (what OpenVINO's CPU plugin computes))
         Each box is snapped to feature pixels, ``round(x*s)`` with halves away from zero,
         given an inclusive ``+1`` extent, and split into ``output_size`` bins with
         ``floor(p*rh/P)`` .. ``ceil((p+1)*rh/P)``, clamped to the map; each output is the
         bin's maximum.  Empty bins give 0 and argmax -1.  A box larger than the map is
         clamped to it; a box entirely outside gives 0 everywhere; a reversed or zero-size
         box is the single pixel at ``(round(y1*s), round(x1*s))``.
-    method="bilinear" (default convention "openvino"; also "tensorflow")
+    method="bilinear" (default convention "openvino"; also "openvino_cpu", "tensorflow")
         Boxes are normalised to [0, 1] (``x * (W-1)`` is the column); ``spatial_scale`` is
         validated but not used, as in OpenVINO.  Output cell (i, j) samples the map
         bilinearly at evenly spaced points from corner to corner of the box (the centre
@@ -145,9 +146,8 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, me
     if method == "max":
         scale = _scale_for(rules, spatial_scale, xc.dtype)
         V.coordinate_range(coords, scale, scale)
-        bins, compare, initial = _max_kernel_args(rules, xc.dtype)
         argmax = np.empty(out.shape, _argmax_dtype(rules, H * W))
-        _kernels.roi_pool_max_forward(xc, coords, batch, scale, bins, compare, initial,
+        _kernels.roi_pool_max_forward(xc, coords, batch, scale, *_max_kernel_args(rules, xc.dtype),
                                       out, argmax, threads)
         y = out.astype(out_dtype, copy=False)
         if not return_argmax:
@@ -157,8 +157,8 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, me
             argmax = np.where(argmax >= 0, flat, -1).astype(_argmax_dtype(rules, xc.size))
         return y, argmax
     V.coordinate_range(coords, W - 1, H - 1)
-    _kernels.roi_pool_bilinear_forward(xc, coords, batch, rules.pin_last, extrapolation_value,
-                                       out, threads)
+    _kernels.roi_pool_bilinear_forward(xc, coords, batch, rules.pin_last, rules.fused_lerp,
+                                       extrapolation_value, out, threads)
     return out.astype(out_dtype, copy=False)
 
 

@@ -27,6 +27,7 @@ Nothing here imports compiled roicore code.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -143,7 +144,7 @@ def _max_initial(T, initial):
         return T(-FLT_MAX)
     if initial == "lowest":
         return T(-np.finfo(T).max)
-    if initial == "nan":
+    if initial in ("nan", "first"):  # "first" replaces it with the bin's first element
         return T(np.nan)
     raise ValueError(f"unknown initial {initial!r}")
 
@@ -176,10 +177,14 @@ def roi_pool_max(x, boxes, batch, output_size, spatial_scale, rules):
         for n in range(K):
             b = _batch_index(batch, n, N)
             x1, y1, x2, y2 = _box(boxes, n, T)
-            rs_w = c_round(x1 * s)
-            rs_h = c_round(y1 * s)
-            re_w = c_round(x2 * s)
-            re_h = c_round(y2 * s)
+            if getattr(rules, "scale_product", "input") == "float64":
+                # OpenVINO CPU plugin: the product x * s is formed in double
+                rs_w, rs_h, re_w, re_h = (c_round(float(v) * float(s)) for v in (x1, y1, x2, y2))
+            else:
+                rs_w = c_round(x1 * s)
+                rs_h = c_round(y1 * s)
+                re_w = c_round(x2 * s)
+                re_h = c_round(y2 * s)
             rh = max(re_h - rs_h + 1, 1)
             rw = max(re_w - rs_w + 1, 1)
             hbins = caffe_bin_edges(rh, PH, rules.bin_arithmetic, T)
@@ -197,6 +202,8 @@ def roi_pool_max(x, boxes, batch, output_size, spatial_scale, rules):
                             continue
                         m = init
                         arg = -1
+                        if rules.initial == "first":
+                            m, arg = x[b, c, hstart, wstart], hstart * W + wstart
                         for h in range(hstart, hend):
                             for w in range(wstart, wend):
                                 v = x[b, c, h, w]
@@ -277,6 +284,29 @@ def _crop_cells(boxes, n, H, W, PH, PW, pin_last, T):
             yield ph, pw, True, t, bo, l, r, in_y - T(t), in_x - T(l)
 
 
+def _lerp(a, b, t, T):
+    """a + (b - a) * t, each operation rounded to T."""
+    return a + (b - a) * t
+
+
+def _fused_lerp(a, b, t, T):
+    """fma(b - a, t, a): the difference rounded to T, then (b-a)*t + a rounded once."""
+    d = b - a
+    return round_exact(Fraction(float(d)) * Fraction(float(t)) + Fraction(float(a)), T)
+
+
+def round_exact(q: Fraction, T):
+    """The value of T nearest to the rational q, ties to even (IEEE round-to-nearest)."""
+    if T is np.float64:
+        return np.float64(float(q))  # Fraction.__float__ rounds correctly
+    guess = np.float32(float(q))     # within one float32 step of the answer
+    candidates = [np.nextafter(guess, np.float32(-np.inf)), guess,
+                  np.nextafter(guess, np.float32(np.inf))]
+    best = min(candidates, key=lambda c: (abs(Fraction(float(c)) - q),
+                                          int(np.array(c).view(np.uint32)) & 1))
+    return np.float32(best)
+
+
 def roi_pool_bilinear(x, boxes, batch, output_size, rules, extrapolation_value=0.0):
     """Bilinear crop: OpenVINO ROIPooling "bilinear" (``rules.pin_last`` True) or TF
     ``crop_and_resize`` (False).  boxes are normalised ``[x1,y1,x2,y2]``; out-of-range cells
@@ -299,9 +329,10 @@ def roi_pool_bilinear(x, boxes, batch, output_size, rules, extrapolation_value=0
                     if not ok:
                         y[n, c, ph, pw] = ext
                         continue
-                    top = v[t, l] + (v[t, r] - v[t, l]) * lx
-                    bot = v[bo, l] + (v[bo, r] - v[bo, l]) * lx
-                    y[n, c, ph, pw] = top + (bot - top) * ly
+                    lerp = _fused_lerp if getattr(rules, "fused_lerp", False) else _lerp
+                    top = lerp(v[t, l], v[t, r], lx, T)
+                    bot = lerp(v[bo, l], v[bo, r], lx, T)
+                    y[n, c, ph, pw] = lerp(top, bot, ly, T)
     return y
 
 

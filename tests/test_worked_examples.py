@@ -10,6 +10,7 @@ runs never import the compiled package.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import pathlib
@@ -360,7 +361,8 @@ NAN = float("nan")
 
 
 def test_roi_pool_compare_nan_and_signed_zero(ref):
-    gt, std, fm = MAX_POOL["mxnet"], MAX_POOL["openvino"], MAX_POOL["openvino_cpu"]
+    gt, std, jit = MAX_POOL["mxnet"], MAX_POOL["openvino"], MAX_POOL["openvino_cpu"]
+    fm = dataclasses.replace(jit, initial="nan", compare="fmax")  # the plugin's non-JIT fallback
     # greater: NaN never taken, first maximum wins
     assert _one_bin(ref, [1, NAN, 3, 3, 2], gt) == (3, 2)
     # std_max: m = (v < m) ? m : v -- a later equal value wins, NaN sticks only if last
@@ -370,6 +372,10 @@ def test_roi_pool_compare_nan_and_signed_zero(ref):
     assert _one_bin(ref, [5, NAN, 2], std) == (2, 2)              # NaN replaced by the next value
     # fmax: NaN ignored, first maximum keeps the argmax
     assert _one_bin(ref, [NAN, 1, NAN, 3, 3, 2], fm) == (3, 3)
+    # OpenVINO's JIT kernel: starts at the first element, takes v only if m < v
+    assert _one_bin(ref, [1, NAN, 3, 3, 2], jit) == (3, 2)         # first maximum kept
+    v, a = _one_bin(ref, [NAN, 1, 3], jit)
+    assert math.isnan(v) and a == 0                               # a leading NaN sticks
     # signed zeros: greater keeps the first, std_max takes the later one
     v, a = _one_bin(ref, [0.0, -0.0], gt)
     assert a == 0 and not math.copysign(1, v) < 0
@@ -383,8 +389,11 @@ def test_roi_pool_initial_value_visible_on_all_nan_and_tiny_bins(ref):
     assert v == np.float32(-ref.FLT_MAX) and a == -1
     v, a = _one_bin(ref, [NAN, NAN], MAX_POOL["paddle"])
     assert v == np.float32(-ref.FLT_MAX) and a == -1
-    v, a = _one_bin(ref, [NAN, NAN], MAX_POOL["openvino_cpu"])
+    v, a = _one_bin(ref, [NAN, NAN], dataclasses.replace(MAX_POOL["openvino_cpu"], initial="nan",
+                                                         compare="fmax"))
     assert math.isnan(v) and a == -1
+    v, a = _one_bin(ref, [NAN, NAN], MAX_POOL["openvino_cpu"])  # JIT: the first element
+    assert math.isnan(v) and a == 0
     # all -inf: lowest<T> (OpenVINO reference), argmax -1
     v, a = _one_bin(ref, [-np.inf, -np.inf], MAX_POOL["openvino"])
     assert v == np.float32(-ref.FLT_MAX) and a == -1
