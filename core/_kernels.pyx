@@ -17,7 +17,7 @@ Contract (the Python layer in ``ops.py`` guarantees all of it; nothing here re-c
 * All work runs without the GIL; the only shared state is the caller's arrays.
 """
 from cython cimport floating
-from cython.parallel cimport prange
+from cython.parallel cimport parallel, prange
 from libc.math cimport floor, ceil, round, fma, fmaf, NAN
 from libc.stdint cimport int32_t, int64_t
 
@@ -26,6 +26,15 @@ import numpy as np
 cdef extern from "roicore_omp.h":
     int ROICORE_HAVE_OPENMP
     int omp_get_max_threads() noexcept nogil
+    int omp_get_thread_num() noexcept nogil
+
+cdef extern from "roicore_simd.h":
+    void roicore_max_update_f32(float* acc, int32_t* arg, const float* row, int64_t n,
+                                int32_t idx) noexcept nogil
+    void roicore_max_update_f64(double* acc, int32_t* arg, const double* row, int64_t n,
+                                int32_t idx) noexcept nogil
+    void roicore_max_only_f32(float* acc, const float* row, int64_t n) noexcept nogil
+    void roicore_max_only_f64(double* acc, const double* row, int64_t n) noexcept nogil
 
 ctypedef fused index_t:
     int32_t
@@ -153,11 +162,21 @@ def roi_pool_max_forward(const floating[:, :, :, ::1] x,      # IN  (N, C, H, W)
                          double spatial_scale, int bin_mode, bint product_double,
                          int compare, double initial, bint start_first,
                          floating[:, :, :, ::1] out,           # OUT (K, C, PH, PW)
-                         index_t[:, :, :, ::1] argmax,         # OUT (K, C, PH, PW), h*W+w
-                         int n_threads):
+                         index_t[:, :, :, ::1] argmax,         # OUT (K, C, PH, PW), or empty
+                         bint global_index, int n_threads):
+    """Max pooling.  ``argmax`` may have K = 0 rows: then it is not computed.  It holds
+    ``h*W + w``, or with ``global_index`` the flat index into x (MXNet); -1 for no pixel.
+
+    With the "greater" rule (no first-element start) the work is channel-vectorised on an
+    NHWC copy of x: each bin's running maxima over all channels are one contiguous vector,
+    updated with branch-free selects, which the compiler turns into SIMD.  The other rules
+    (std::max, fmax, first-element start) keep the per-plane scalar loop.  Both visit the
+    pixels of a bin in the same row-major order, so they give the same bits.
+    """
     cdef Py_ssize_t K = boxes.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t PH = out.shape[2], PW = out.shape[3]
     cdef Py_ssize_t k, kc, c
+    cdef bint want_argmax = argmax.shape[0] == K
     cdef floating scale = <floating>spatial_scale
     cdef floating init = <floating>initial
     if K == 0 or C == 0:
@@ -172,21 +191,143 @@ def roi_pool_max_forward(const floating[:, :, :, ::1] x,      # IN  (N, C, H, W)
                               &hs[k, 0], &he[k, 0])
             _integer_roi_bins(boxes[k, 0], boxes[k, 2], scale, PW, W, bin_mode, product_double,
                               &ws[k, 0], &we[k, 0])
-        for kc in prange(K * C, num_threads=n_threads, schedule="guided"):
+    if compare == CMP_GREATER and not start_first and H * W < 2**31:
+        _max_pool_channels_last(_to_nhwc(x, n_threads), batch, hs, he, ws, we, init, out,
+                                argmax, want_argmax, n_threads)
+    else:
+        if not want_argmax:
+            argmax = np.empty((K, C, PH, PW), np.int64 if index_t is int64_t else np.int32)
+        with nogil:
+            for kc in prange(K * C, num_threads=n_threads, schedule="guided"):
+                k = kc // C
+                c = kc % C
+                _max_pool_plane(&x[batch[k], c, 0, 0], W, PH, PW,
+                                &hs[k, 0], &he[k, 0], &ws[k, 0], &we[k, 0],
+                                compare, init, start_first, &out[k, c, 0, 0], &argmax[k, c, 0, 0])
+    if want_argmax and global_index:
+        _plane_to_global(argmax, batch, C, H * W, n_threads)
+
+
+cdef void _plane_to_global(index_t[:, :, :, ::1] argmax, const int64_t[::1] batch, Py_ssize_t C,
+                           Py_ssize_t HW, int n_threads) noexcept:
+    """h*W + w -> flat index into (N, C, H, W), in place; -1 stays -1."""
+    cdef Py_ssize_t K = argmax.shape[0], P = argmax.shape[2] * argmax.shape[3], kc, k, c, p
+    cdef index_t* a
+    cdef int64_t base
+    with nogil:
+        for kc in prange(K * C, num_threads=n_threads, schedule="static"):
             k = kc // C
             c = kc % C
-            _max_pool_plane(&x[batch[k], c, 0, 0], W, PH, PW,
-                            &hs[k, 0], &he[k, 0], &ws[k, 0], &we[k, 0],
-                            compare, init, start_first, &out[k, c, 0, 0], &argmax[k, c, 0, 0])
+            base = (batch[k] * C + c) * HW
+            a = &argmax[k, c, 0, 0]
+            for p in range(P):
+                if a[p] >= 0:
+                    a[p] = <index_t>(a[p] + base)
+
+
+def check_argmax(const index_t[:, :, :, ::1] argmax, const int64_t[::1] batch, Py_ssize_t HW,
+                 bint global_index):
+    """Validation, not computation: the first flat position whose value is neither -1 nor
+    a pixel of its own (box, channel) plane, or -1 when all are valid.  The backward
+    kernel writes through these indices, so ops.py refuses the call on any bad one."""
+    cdef Py_ssize_t K = argmax.shape[0], C = argmax.shape[1], P = argmax.shape[2] * argmax.shape[3]
+    cdef Py_ssize_t k, c, p, bad = -1
+    cdef int64_t lo, v
+    cdef const index_t* a
+    with nogil:
+        for k in range(K):
+            for c in range(C):
+                lo = (batch[k] * C + c) * HW if global_index else 0
+                a = &argmax[k, c, 0, 0]
+                for p in range(P):
+                    v = a[p]
+                    if v != -1 and (v < lo or v >= lo + HW):
+                        bad = (k * C + c) * P + p
+                        break
+                if bad >= 0:
+                    break
+            if bad >= 0:
+                break
+    return bad
+cdef floating[:, :, :, ::1] _to_nhwc(const floating[:, :, :, ::1] x, int n_threads):
+    """A C-contiguous (N, H, W, C) copy of x, written in parallel."""
+    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
+    cdef Py_ssize_t nh, n, h, w, c
+    cdef floating[:, :, :, ::1] xt = np.empty((N, H, W, C), _dtype(<floating>0))
+    with nogil:
+        for nh in prange(N * H, num_threads=n_threads, schedule="static"):
+            n = nh // H
+            h = nh % H
+            for c in range(C):
+                for w in range(W):
+                    xt[n, h, w, c] = x[n, c, h, w]
+    return xt
+
+
+cdef void _max_pool_channels_last(const floating[:, :, :, ::1] xt, const int64_t[::1] batch,
+                                  const int64_t[:, ::1] hs, const int64_t[:, ::1] he,
+                                  const int64_t[:, ::1] ws, const int64_t[:, ::1] we,
+                                  floating initial, floating[:, :, :, ::1] out,
+                                  index_t[:, :, :, ::1] argmax, bint want_argmax, int n_threads):
+    """One box per task: accumulate (bin, channel) maxima in a thread-local buffer, then
+    write the box's (C, PH, PW) output block."""
+    cdef Py_ssize_t K = out.shape[0], C = out.shape[1], PH = out.shape[2], PW = out.shape[3]
+    cdef Py_ssize_t W = xt.shape[2], P = PH * PW
+    cdef Py_ssize_t k, ph, pw, p, h, w, c
+    # one (bin, channel) accumulator per thread, indexed by the OpenMP thread number
+    cdef floating[:, ::1] acc_buf = np.empty((n_threads, P * C), _dtype(<floating>0))
+    cdef int32_t[:, ::1] arg_buf = np.empty((n_threads, P * C), np.int32)
+    cdef floating* acc
+    cdef int32_t* arg
+    cdef floating* acc_p
+    cdef int32_t* arg_p
+    with nogil, parallel(num_threads=n_threads):
+        acc = &acc_buf[omp_get_thread_num(), 0]
+        arg = &arg_buf[omp_get_thread_num(), 0]
+        for k in prange(K, schedule="guided"):
+            for ph in range(PH):
+                for pw in range(PW):
+                    p = ph * PW + pw
+                    acc_p = acc + p * C
+                    arg_p = arg + p * C
+                    if he[k, ph] <= hs[k, ph] or we[k, pw] <= ws[k, pw]:
+                        for c in range(C):
+                            acc_p[c] = 0  # empty bin: 0, argmax -1
+                            arg_p[c] = -1
+                        continue
+                    for c in range(C):
+                        acc_p[c] = initial
+                        arg_p[c] = -1
+                    for h in range(hs[k, ph], he[k, ph]):
+                        for w in range(ws[k, pw], we[k, pw]):
+                            if want_argmax:
+                                if floating is float:
+                                    roicore_max_update_f32(acc_p, arg_p, &xt[batch[k], h, w, 0], C, h * W + w)
+                                else:
+                                    roicore_max_update_f64(acc_p, arg_p, &xt[batch[k], h, w, 0], C, h * W + w)
+                            else:
+                                if floating is float:
+                                    roicore_max_only_f32(acc_p, &xt[batch[k], h, w, 0], C)
+                                else:
+                                    roicore_max_only_f64(acc_p, &xt[batch[k], h, w, 0], C)
+            for c in range(C):
+                for p in range(P):
+                    out[k, c, p // PW, p % PW] = acc[p * C + c]
+            if want_argmax:
+                for c in range(C):
+                    for p in range(P):
+                        argmax[k, c, p // PW, p % PW] = <index_t>arg[p * C + c]
 
 
 def roi_pool_max_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C, PH, PW)
-                          const index_t[:, :, :, ::1] argmax,        # IN  (K, C, PH, PW), h*W+w or -1
+                          const index_t[:, :, :, ::1] argmax,        # IN  (K, C, PH, PW), checked
                           const int64_t[::1] batch,                  # IN  (K,)
+                          bint global_index,
                           floating[:, :, :, ::1] grad_input,         # OUT (N, C, H, W), zeroed
                           int n_threads):
     cdef Py_ssize_t K = grad_output.shape[0], C = grad_output.shape[1]
     cdef Py_ssize_t P = grad_output.shape[2] * grad_output.shape[3]
+    cdef Py_ssize_t HW = grad_input.shape[2] * grad_input.shape[3]
     cdef Py_ssize_t c, k, p
     cdef floating* plane
     cdef const floating* g
@@ -197,6 +338,8 @@ def roi_pool_max_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C
         for c in prange(C, num_threads=n_threads, schedule="static"):
             for k in range(K):
                 plane = &grad_input[batch[k], c, 0, 0]
+                if global_index:  # make a flat index relative to this plane
+                    plane = plane - (batch[k] * C + c) * HW
                 g = &grad_output[k, c, 0, 0]
                 a = &argmax[k, c, 0, 0]
                 for p in range(P):
@@ -537,10 +680,11 @@ cdef _SampleTables _align_tables(const floating[:, ::1] boxes, double spatial_sc
     nx = np.maximum(t.xgrid, 0) * PW
     t.yoff = np.concatenate([[0], np.cumsum(ny)]).astype(np.int64)
     t.xoff = np.concatenate([[0], np.cumsum(nx)]).astype(np.int64)
-    t.ylo = np.empty(t.yoff[-1], np.int64); t.yhi = np.empty(t.yoff[-1], np.int64)
-    t.ylw = np.empty(t.yoff[-1], dtype); t.yhw = np.empty(t.yoff[-1], dtype)
-    t.xlo = np.empty(t.xoff[-1], np.int64); t.xhi = np.empty(t.xoff[-1], np.int64)
-    t.xlw = np.empty(t.xoff[-1], dtype); t.xhw = np.empty(t.xoff[-1], dtype)
+    ny_total, nx_total = int(t.yoff[K]), int(t.xoff[K])
+    t.ylo = np.empty(ny_total, np.int64); t.yhi = np.empty(ny_total, np.int64)
+    t.ylw = np.empty(ny_total, dtype); t.yhw = np.empty(ny_total, dtype)
+    t.xlo = np.empty(nx_total, np.int64); t.xhi = np.empty(nx_total, np.int64)
+    t.xlw = np.empty(nx_total, dtype); t.xhw = np.empty(nx_total, dtype)
     cdef int64_t[::1] yoff = t.yoff, xoff = t.xoff, ylo = t.ylo, yhi = t.yhi, xlo = t.xlo, xhi = t.xhi
     cdef floating[::1] ylw = t.ylw, yhw = t.yhw, xlw = t.xlw, xhw = t.xhw
     with nogil:

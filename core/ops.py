@@ -92,13 +92,6 @@ def _argmax_dtype(rules, n_elements):
     return np.int64
 
 
-def _plane_offsets(batch, shape):
-    """(K, C, 1, 1) offsets of each (box, channel) plane inside the flattened input."""
-    N, C, H, W = shape
-    base = (batch.astype(np.int64)[:, None] * C + np.arange(C, dtype=np.int64)[None, :]) * (H * W)
-    return base[:, :, None, None]
-
-
 def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, method="max",
              convention=None, return_argmax=False, extrapolation_value=0.0, n_threads=None):
     """RoI pooling: max (Fast R-CNN) or bilinear (OpenVINO ROIPooling "bilinear").
@@ -146,16 +139,14 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, me
     if method == "max":
         scale = _scale_for(rules, spatial_scale, xc.dtype)
         V.coordinate_range(coords, scale, scale)
-        argmax = np.empty(out.shape, _argmax_dtype(rules, H * W))
+        # an argmax with no rows tells the kernel not to compute it
+        is_global = rules.argmax == "global"
+        argmax = np.empty(out.shape if return_argmax else (0,) + out.shape[1:],
+                          _argmax_dtype(rules, xc.size if is_global else H * W))
         _kernels.roi_pool_max_forward(xc, coords, batch, scale, *_max_kernel_args(rules, xc.dtype),
-                                      out, argmax, threads)
+                                      out, argmax, is_global, threads)
         y = out.astype(out_dtype, copy=False)
-        if not return_argmax:
-            return y
-        if rules.argmax == "global":
-            flat = argmax.astype(np.int64) + _plane_offsets(batch, xc.shape)
-            argmax = np.where(argmax >= 0, flat, -1).astype(_argmax_dtype(rules, xc.size))
-        return y, argmax
+        return (y, argmax) if return_argmax else y
     V.coordinate_range(coords, W - 1, H - 1)
     _kernels.roi_pool_bilinear_forward(xc, coords, batch, rules.pin_last, rules.fused_lerp,
                                        extrapolation_value, out, threads)
@@ -185,8 +176,8 @@ def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, bat
         if argmax is None:
             raise TypeError("roi_pool_backward(method='max') needs the argmax returned by "
                             "roi_pool(..., return_argmax=True)")
-        plane_idx = _plane_argmax(argmax, rules, g.shape, batch, shape)
-        _kernels.roi_pool_max_backward(g, plane_idx, batch, dx, threads)
+        _kernels.roi_pool_max_backward(g, _checked_argmax(argmax, rules, g.shape, batch, shape),
+                                       batch, rules.argmax == "global", dx, threads)
     else:
         if argmax is not None:
             raise ValueError("argmax is only used by method='max'; bilinear pooling has none")
@@ -195,29 +186,25 @@ def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, bat
     return dx.astype(out_dtype, copy=False)
 
 
-def _plane_argmax(argmax, rules, expected_shape, batch, input_shape):
-    """Check an argmax from the forward and return it as per-plane indices (h*W + w).
-
-    Every value must be -1 ("nothing selected") or address a pixel of its own (box,
-    channel) plane; the kernel writes through these indices, so nothing else may pass.
-    """
+def _checked_argmax(argmax, rules, expected_shape, batch, input_shape):
+    """An argmax from the forward, as a C-contiguous int32/int64 array whose every value is
+    -1 or a pixel of its own (box, channel) plane in the convention's encoding; the backward
+    kernel writes through these indices, so nothing else may pass."""
     a = np.asarray(argmax)
     if a.dtype.kind not in "iu":
         raise TypeError(f"argmax must have an integer dtype, got {a.dtype}")
     if a.shape != tuple(expected_shape):
         raise ValueError(f"argmax must have shape {tuple(expected_shape)}, got {a.shape}")
-    H, W = input_shape[2], input_shape[3]
-    limit = H * W if rules.argmax == "plane" else int(np.prod(input_shape))
-    # compared as given, before a cast could wrap e.g. uint64 2**64-1 to -1
-    if a.size and (a.min() < -1 or a.max() >= limit):
-        raise _argmax_error(rules, input_shape)
-    a = a.astype(np.int64)
-    if rules.argmax == "global":
-        plane = a - _plane_offsets(batch, input_shape)
-        if np.any((a >= 0) & ((plane < 0) | (plane >= H * W))):
+    if a.dtype not in (np.int32, np.int64):
+        # other widths: compare as given, before a cast could wrap e.g. 2**64-1 to -1
+        if a.size and (a.min() < -1 or a.max() >= np.prod(input_shape, dtype=np.int64)):
             raise _argmax_error(rules, input_shape)
-        a = np.where(a >= 0, plane, -1)
-    return np.ascontiguousarray(a, dtype=np.int32 if H * W < 2**31 else np.int64)
+        a = a.astype(np.int64)
+    a = np.ascontiguousarray(a)
+    if _kernels.check_argmax(a, batch, input_shape[2] * input_shape[3],
+                             rules.argmax == "global") >= 0:
+        raise _argmax_error(rules, input_shape)
+    return a
 
 
 def _argmax_error(rules, input_shape):

@@ -358,3 +358,23 @@ def test_psroi_and_bilinear_large_case(dtype):
     for name, rules in BILINEAR_POOL.items():
         y = rc.roi_pool(x, boxes, (5, 6), batch_indices=batch, method="bilinear", convention=name)
         assert_same(y, ref.roi_pool_bilinear(x, boxes, batch, (5, 6), rules))
+
+
+@pytest.mark.parametrize("convention", sorted(MAX_POOL))
+def test_roi_pool_max_output_does_not_depend_on_return_argmax(convention):
+    """Inference skips the argmax; the pooled values must be the same bits."""
+    x, boxes, batch = _large_case(np.float32, 5, channels=64)
+    x[0, :3, :5, :5] = np.nan
+    y_only = rc.roi_pool(x, boxes, 7, 1 / 16, batch_indices=batch, convention=convention)
+    y, am = rc.roi_pool(x, boxes, 7, 1 / 16, batch_indices=batch, convention=convention,
+                        return_argmax=True)
+    assert_same(y_only, y)
+    # the reference on the first 8 channels (it is slow); a global argmax encodes C, so it
+    # is compared on a run of the core over those 8 channels alone
+    x8 = np.ascontiguousarray(x[:, :8])
+    y_ref, am_ref = ref.roi_pool_max(x8, boxes, batch, 7, 1 / 16, MAX_POOL[convention])
+    assert_same(y[:, :8], y_ref)
+    if MAX_POOL[convention].argmax == "plane":
+        assert_same(am[:, :8], am_ref)
+    assert_same(rc.roi_pool(x8, boxes, 7, 1 / 16, batch_indices=batch, convention=convention,
+                            return_argmax=True)[1], am_ref)
