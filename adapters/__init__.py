@@ -1,11 +1,12 @@
-"""Per-framework front ends (roicore.adapters.tf, .paddle, .mxnet).
+"""Per-framework front ends: roicore.adapters.tf, .paddle (paddle.vision.ops signatures),
+.paddle_legacy (fluid signatures) and .mxnet.
 
 Importing this package imports no framework: each adapter module is loaded on first
 attribute access, and only that module imports its framework.
 """
 import importlib
 
-_ADAPTERS = ("tf", "paddle", "mxnet")
+_ADAPTERS = ("tf", "paddle", "paddle_legacy", "mxnet")
 
 __all__ = list(_ADAPTERS)
 
