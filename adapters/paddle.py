@@ -1,0 +1,290 @@
+"""PaddlePaddle front end: ``paddle.vision.ops`` signatures on top of :mod:`roicore.core`.
+
+Functions ``roi_pool``, ``psroi_pool``, ``roi_align`` take the arguments of Paddle 3.x
+``paddle.vision.ops`` (and its defaults: ``roi_align(aligned=True)``), plus a keyword-only
+``n_threads`` (OpenMP threads, see :func:`roicore.core.effective_n_threads`).  The layers
+``RoIPool``, ``PSRoIPool`` and ``RoIAlign`` are ``paddle.nn.Layer`` subclasses with the
+signatures of Paddle's own.  Every op computes with ``convention="paddle"``, so outputs,
+argmax and gradients are bit-identical to Paddle's CPU kernels.
+
+Boxes are ``[x1, y1, x2, y2]`` rows grouped by image in image order; ``boxes_num[i]`` is the
+number of consecutive boxes of image i.  Unlike Paddle, ``boxes_num`` is checked (one
+count per image, non-negative, summing to the number of boxes), and int64 counts are
+accepted by every op.  One deliberate difference: Paddle's ``psroi_pool`` refuses inputs
+with ``C == PH * PW`` (one output channel, "The pooled output channels must greater than
+1"); that is not a rule of the operator (MXNet's PSROIPooling allows it), so here it is
+computed like any other channel count.
+
+Gradients flow to ``x`` through ``paddle.autograd.PyLayer``; ``boxes`` and ``boxes_num``
+get none, as in Paddle.  Dygraph (eager) mode only: the ops run NumPy code, so they cannot
+be recorded into a static program.
+
+Copies: on the CPU, ``x``, ``boxes``, ``boxes_num`` and the upstream gradient are viewed
+through DLPack (``np.from_dlpack``, no copy; the core accepts read-only and strided
+arrays, and copies only what is not C-contiguous), and results are handed back with
+``paddle.utils.dlpack.from_dlpack`` (no copy).  Tensors on another device are copied to
+the host and the result copied back to the input's place (unavoidable: the core is CPU).
+
+The adapter does no arithmetic of its own: it converts, calls roicore.core, converts back.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from roicore import core
+from ._common import batch_indices_from_counts, require
+
+paddle = require("paddle", "paddle")
+from paddle.autograd import PyLayer  # noqa: E402
+from paddle.utils import dlpack as _dlpack  # noqa: E402
+
+__all__ = ["roi_pool", "psroi_pool", "roi_align", "RoIPool", "PSRoIPool", "RoIAlign"]
+
+CONVENTION = "paddle"
+_FLOAT_DTYPES = ("float32", "float64")
+_COUNT_DTYPES = ("int32", "int64")
+
+
+# --------------------------------------------------------------------------- conversion
+
+def _dtype_name(t):
+    return str(t.dtype).replace("paddle.", "")
+
+
+def _to_numpy(t):
+    """A NumPy view of a Paddle tensor (no copy on the CPU; read-only)."""
+    t = t.detach()
+    if not t.place.is_cpu_place():
+        t = t.cpu()  # the core runs on the host: this device-to-host copy is unavoidable
+    return np.from_dlpack(t)
+
+
+def _to_paddle(a, place):
+    """A Paddle tensor sharing ``a``'s memory (no copy on the CPU)."""
+    t = _dlpack.from_dlpack(np.ascontiguousarray(a))
+    if not place.is_cpu_place():
+        t = paddle.to_tensor(t, place=place)  # host-to-device copy, unavoidable
+    return t
+
+
+# --------------------------------------------------------------------------- checks
+
+def _check_dynamic(op):
+    if not paddle.in_dynamic_mode():
+        raise RuntimeError(f"roicore.adapters.paddle.{op} runs NumPy code and works in dygraph "
+                           "(eager) mode only; it cannot be added to a static program")
+
+
+def _check_tensor(t, name, op):
+    if not isinstance(t, paddle.Tensor):
+        raise TypeError(f"{op}: {name} must be a paddle.Tensor, got {type(t).__name__}")
+
+
+def _check_inputs(op, x, boxes, boxes_num):
+    """Paddle-level checks (ranks, dtypes, counts); returns the core's numpy inputs."""
+    _check_dynamic(op)
+    _check_tensor(x, "x", op)
+    _check_tensor(boxes, "boxes", op)
+    if x.ndim != 4:
+        raise ValueError(f"{op}: x must be a 4-D [N, C, H, W] tensor, got shape {list(x.shape)}")
+    if _dtype_name(x) not in _FLOAT_DTYPES:
+        raise TypeError(f"{op}: x must be float32 or float64, got {_dtype_name(x)}")
+    if boxes.ndim != 2 or boxes.shape[1] != 4:
+        raise ValueError(f"{op}: boxes must be a 2-D [num_boxes, 4] tensor of [x1, y1, x2, y2] "
+                         f"rows, got shape {list(boxes.shape)}")
+    if boxes.dtype != x.dtype:
+        raise TypeError(f"{op}: boxes must have the dtype of x ({_dtype_name(x)}), got "
+                        f"{_dtype_name(boxes)}")
+    if boxes_num is None:
+        raise ValueError(f"{op}: boxes_num is required (the number of boxes of each image)")
+    _check_tensor(boxes_num, "boxes_num", op)
+    if _dtype_name(boxes_num) not in _COUNT_DTYPES:
+        raise TypeError(f"{op}: boxes_num must be int32 or int64, got {_dtype_name(boxes_num)}")
+    try:
+        batch = batch_indices_from_counts(_to_numpy(boxes_num), boxes.shape[0], x.shape[0])
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{op}: {exc}") from None
+    return _to_numpy(boxes), batch
+
+
+def _size(output_size, op):
+    if isinstance(output_size, bool) or not isinstance(output_size, (int, np.integer, tuple, list)):
+        raise TypeError(f"{op}: output_size must be an int or a (height, width) tuple, got "
+                        f"{type(output_size).__name__}")
+    return output_size
+
+
+# --------------------------------------------------------------------------- autograd
+
+class _RoIPoolFn(PyLayer):
+    @staticmethod
+    def forward(ctx, x, boxes, batch, output_size, spatial_scale, n_threads):
+        xa = _to_numpy(x)
+        y, argmax = core.roi_pool(xa, boxes, output_size, spatial_scale, batch_indices=batch,
+                                  convention=CONVENTION, return_argmax=True, n_threads=n_threads)
+        ctx.saved = (boxes, batch, xa.shape, spatial_scale, argmax, n_threads, x.place)
+        am = _to_paddle(argmax, x.place)
+        ctx.mark_non_differentiable(am)
+        # else Paddle builds a zero int64 "gradient" of argmax's size for every backward
+        ctx.set_materialize_grads(False)
+        return _to_paddle(y, x.place), am
+
+    @staticmethod
+    def backward(ctx, grad, _grad_argmax):
+        boxes, batch, shape, spatial_scale, argmax, n_threads, place = ctx.saved
+        dx = core.roi_pool_backward(_to_numpy(grad), boxes, shape, spatial_scale,
+                                    batch_indices=batch, convention=CONVENTION, argmax=argmax,
+                                    n_threads=n_threads)
+        return _to_paddle(dx, place)
+
+
+class _PSRoIPoolFn(PyLayer):
+    @staticmethod
+    def forward(ctx, x, boxes, batch, output_size, spatial_scale, output_channels, n_threads):
+        xa = _to_numpy(x)
+        y = core.psroi_pool(xa, boxes, output_size, spatial_scale,
+                            output_channels=output_channels, batch_indices=batch,
+                            convention=CONVENTION, n_threads=n_threads)
+        ctx.saved = (boxes, batch, xa.shape, spatial_scale, n_threads, x.place)
+        return _to_paddle(y, x.place)
+
+    @staticmethod
+    def backward(ctx, grad):
+        boxes, batch, shape, spatial_scale, n_threads, place = ctx.saved
+        dx = core.psroi_pool_backward(_to_numpy(grad), boxes, shape, spatial_scale,
+                                      batch_indices=batch, convention=CONVENTION,
+                                      n_threads=n_threads)
+        return _to_paddle(dx, place)
+
+
+class _RoIAlignFn(PyLayer):
+    @staticmethod
+    def forward(ctx, x, boxes, batch, output_size, spatial_scale, sampling_ratio, aligned,
+                n_threads):
+        xa = _to_numpy(x)
+        y = core.roi_align(xa, boxes, output_size, spatial_scale, sampling_ratio, aligned,
+                           batch_indices=batch, convention=CONVENTION, n_threads=n_threads)
+        ctx.saved = (boxes, batch, xa.shape, spatial_scale, sampling_ratio, aligned, n_threads,
+                     x.place)
+        return _to_paddle(y, x.place)
+
+    @staticmethod
+    def backward(ctx, grad):
+        boxes, batch, shape, spatial_scale, sampling_ratio, aligned, n_threads, place = ctx.saved
+        dx = core.roi_align_backward(_to_numpy(grad), boxes, shape, spatial_scale,
+                                     sampling_ratio, aligned, batch_indices=batch,
+                                     convention=CONVENTION, n_threads=n_threads)
+        return _to_paddle(dx, place)
+
+
+# --------------------------------------------------------------------------- functions
+
+def _roi_pool_with_argmax(x, boxes, boxes_num, output_size, spatial_scale=1.0, *,
+                          n_threads=None, op="roi_pool"):
+    """(out, argmax): argmax is int64 ``h*W + w`` per plane, -1 for empty bins, as Paddle's
+    ``Argmax`` output (used by the legacy fluid API)."""
+    output_size = _size(output_size, op)
+    b, batch = _check_inputs(op, x, boxes, boxes_num)
+    return _RoIPoolFn.apply(x, b, batch, output_size, spatial_scale, n_threads)
+
+
+def roi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, name=None, *, n_threads=None):
+    """RoI max pooling, as ``paddle.vision.ops.roi_pool``.
+
+    x : Tensor [N, C, H, W], float32 or float64
+    boxes : Tensor [num_boxes, 4] of [x1, y1, x2, y2], x's dtype, grouped by image
+    boxes_num : Tensor [N], int32 (or int64): boxes per image, summing to num_boxes
+    output_size : int or (h, w)
+    spatial_scale : float, feature size over image size
+    name : ignored (Paddle's naming hook)
+    n_threads : OpenMP threads for the core (None: OMP_NUM_THREADS / all CPUs)
+
+    Returns a [num_boxes, C, h, w] tensor of x's dtype on x's place.
+    """
+    return _roi_pool_with_argmax(x, boxes, boxes_num, output_size, spatial_scale,
+                                 n_threads=n_threads)[0]
+
+
+def psroi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, name=None, *,
+               n_threads=None):
+    """Position-sensitive RoI average pooling (R-FCN), as ``paddle.vision.ops.psroi_pool``.
+
+    x must have ``D * h * w`` channels; the result is [num_boxes, D, h, w].  Other
+    arguments as :func:`roi_pool`.  ``D == 1`` is allowed (Paddle refuses it).
+    """
+    op = "psroi_pool"
+    output_size = _size(output_size, op)
+    b, batch = _check_inputs(op, x, boxes, boxes_num)
+    return _PSRoIPoolFn.apply(x, b, batch, output_size, spatial_scale, None, n_threads)
+
+
+def roi_align(x, boxes, boxes_num, output_size, spatial_scale=1.0, sampling_ratio=-1,
+              aligned=True, name=None, *, n_threads=None):
+    """RoIAlign, as ``paddle.vision.ops.roi_align`` (note the default ``aligned=True``).
+
+    sampling_ratio : samples per bin and axis; -1 or 0 for ``ceil(bin size)``
+    aligned : shift boxes by -0.5 pixel (Detectron2).  As in Paddle, an aligned box of
+        size <= 0 with adaptive sampling gives NaN.
+    Other arguments as :func:`roi_pool`.
+    """
+    op = "roi_align"
+    output_size = _size(output_size, op)
+    b, batch = _check_inputs(op, x, boxes, boxes_num)
+    return _RoIAlignFn.apply(x, b, batch, output_size, spatial_scale, sampling_ratio, aligned,
+                             n_threads)
+
+
+# --------------------------------------------------------------------------- layers
+
+class RoIPool(paddle.nn.Layer):
+    """``paddle.vision.ops.RoIPool``: ``RoIPool(output_size, spatial_scale=1.0)``, called as
+    ``layer(x, boxes, boxes_num)``."""
+
+    def __init__(self, output_size, spatial_scale=1.0, *, n_threads=None):
+        super().__init__()
+        self._output_size = output_size
+        self._spatial_scale = spatial_scale
+        self._n_threads = n_threads
+
+    def forward(self, x, boxes, boxes_num):
+        return roi_pool(x, boxes, boxes_num, self._output_size, self._spatial_scale,
+                        n_threads=self._n_threads)
+
+    def extra_repr(self):
+        return f"output_size={self._output_size}, spatial_scale={self._spatial_scale}"
+
+
+class PSRoIPool(paddle.nn.Layer):
+    """``paddle.vision.ops.PSRoIPool``: ``PSRoIPool(output_size, spatial_scale=1.0)``, called
+    as ``layer(x, boxes, boxes_num)``."""
+
+    def __init__(self, output_size, spatial_scale=1.0, *, n_threads=None):
+        super().__init__()
+        self.output_size = output_size
+        self.spatial_scale = spatial_scale
+        self._n_threads = n_threads
+
+    def forward(self, x, boxes, boxes_num):
+        return psroi_pool(x, boxes, boxes_num, self.output_size, self.spatial_scale,
+                          n_threads=self._n_threads)
+
+    def extra_repr(self):
+        return f"output_size={self.output_size}, spatial_scale={self.spatial_scale}"
+
+
+class RoIAlign(paddle.nn.Layer):
+    """``paddle.vision.ops.RoIAlign``: ``RoIAlign(output_size, spatial_scale=1.0)``, called
+    as ``layer(x, boxes, boxes_num, aligned=True)`` (sampling_ratio is -1, as in Paddle)."""
+
+    def __init__(self, output_size, spatial_scale=1.0, *, n_threads=None):
+        super().__init__()
+        self._output_size = output_size
+        self._spatial_scale = spatial_scale
+        self._n_threads = n_threads
+
+    def forward(self, x, boxes, boxes_num, aligned=True):
+        return roi_align(x, boxes, boxes_num, self._output_size, self._spatial_scale,
+                         aligned=aligned, n_threads=self._n_threads)
+
+    def extra_repr(self):
+        return f"output_size={self._output_size}, spatial_scale={self._spatial_scale}"
