@@ -1,0 +1,486 @@
+"""TensorFlow front end: RoI pooling ops and Keras 3 layers in the style of ``tf.image.crop_and_resize``.
+
+TensorFlow has no native RoI pooling, so these ops follow the TF op that is closest to it,
+``tf.image.crop_and_resize(image, boxes, box_indices, crop_size, ...)``:
+
+* ``images`` is a 4-D float16/float32/float64 tensor, **NHWC** by default (TF's layout);
+  ``data_format="NCHW"`` takes and returns channels-first tensors.
+* ``boxes`` is a ``(K, 4)`` float tensor with rows **[y1, x1, y2, x2]** (TF's column order),
+  and ``box_indices`` a ``(K,)`` int32/int64 tensor giving the image of each box.
+* Coordinates are **absolute input-image pixels** (scaled onto the feature map by
+  ``spatial_scale``) for ``roi_pool(method="max")``, ``psroi_pool`` and ``roi_align``; only
+  ``roi_pool(method="bilinear")`` takes crop_and_resize's normalised boxes.
+* Outputs are ``(K, PH, PW, C)`` for NHWC and ``(K, C, PH, PW)`` for NCHW, in the dtype of
+  ``images``.
+
+Arithmetic (the roicore convention each op reproduces bit for bit; see
+:mod:`roicore.core.conventions`):
+
+* ``roi_pool(method="max")``: ``"mxnet"`` (Fast R-CNN integer RoI, spatial_scale held as a
+  C float, as a TF ``float`` attribute would hold it).  The argmax kept for the gradient is
+  stored per plane (``h*W + w``, int32) instead of MXNet's global index, which changes no
+  output value and keeps int32 for any batch size.
+* ``roi_pool(method="bilinear")``: ``"tensorflow"``, i.e. ``tf.image.crop_and_resize``'s
+  sampling and ``CropAndResizeGradImage``'s gradient (equal bit for bit for float32).
+* ``psroi_pool``: ``"mxnet"`` (identical numbers to ``"paddle"``).
+* ``roi_align``: ``"mxnet"`` (the Caffe2 sampler, spatial_scale held as a C float).
+
+This module does no arithmetic of its own: it checks arguments, transposes NHWC <-> NCHW
+(``tf.transpose``, one copy of the input in the forward pass and one of the output, and the
+same for the gradient; NCHW input avoids both), swaps the box columns to roicore's
+``[x1, y1, x2, y2]`` (a K x 4 copy) and calls :mod:`roicore.core` through
+``tf.numpy_function``.  Gradients flow to ``images`` only (``tf.custom_gradient``); boxes
+and box_indices get none.
+
+Supported: eager execution, ``tf.function`` (static output shapes are set), Keras 3
+layers (:class:`RoIPool`, :class:`PSRoIPool`, :class:`RoIAlign`, serialisable through
+``get_config``), ``tf.distribute`` strategies on CPU devices.  **Not supported**, with a
+``NotImplementedError`` raised while tracing: XLA (``tf.function(jit_compile=True)``,
+Keras ``jit_compile=True``), because XLA cannot compile ``tf.numpy_function``; and SavedModel
+export (``tf.saved_model.save``, Keras ``model.export``), because a SavedModel cannot hold
+the Python function the op calls.  The Keras layers set ``supports_jit = False``, so Keras'
+default ``jit_compile="auto"`` leaves XLA off.  Keras ``.keras`` files (config + weights)
+work.
+"""
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+import numpy as np
+
+from roicore import core
+from roicore.core import conventions
+
+from ._common import require
+
+tf = require("tensorflow", "tf")
+keras = require("keras", "tf")  # Keras 3, a dependency of TF >= 2.16
+
+try:  # private TF modules: used only to refuse unsupported contexts with a clear message
+    from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla
+except ImportError:  # pragma: no cover - older/newer TF layouts
+    _in_xla = None
+try:
+    from tensorflow.python.saved_model.save_context import in_save_context as _in_save
+except ImportError:  # pragma: no cover
+    _in_save = None
+
+__all__ = ["roi_pool", "psroi_pool", "roi_align", "RoIPool", "PSRoIPool", "RoIAlign",
+           "CONVENTIONS"]
+
+# The roicore convention each op reproduces (see the module docstring).
+_MAX_RULES = dataclasses.replace(conventions.MAX_POOL["mxnet"], argmax="plane")
+CONVENTIONS = {
+    "roi_pool/max": _MAX_RULES,
+    "roi_pool/bilinear": conventions.BILINEAR_POOL["tensorflow"],
+    "psroi_pool": conventions.PSROI_POOL["mxnet"],
+    "roi_align": conventions.ROI_ALIGN["mxnet"],
+}
+_FLOATS = (tf.float16, tf.float32, tf.float64)
+_FORMATS = ("NHWC", "NCHW")
+
+
+# ---------------------------------------------------------------------------------------
+# Argument checks (trace time: static dtypes, ranks and shapes, in TF's vocabulary)
+
+def _data_format(data_format):
+    if data_format not in _FORMATS:
+        raise ValueError(f"data_format must be 'NHWC' or 'NCHW', got {data_format!r}")
+    return data_format
+
+
+def _pair(value, name):
+    items = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+    if len(items) != 2 or not all(
+            isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in items):
+        raise TypeError(f"{name} must be an int or a pair of ints (height, width), got {value!r}")
+    if min(items) < 1:
+        raise ValueError(f"{name} must be >= 1, got {value!r}")
+    return tuple(int(v) for v in items)
+
+
+def _images(images, data_format):
+    t = tf.convert_to_tensor(images, name="images")
+    if t.dtype not in _FLOATS:
+        raise TypeError(f"images must be float16, float32 or float64, got {t.dtype.name}")
+    if t.shape.rank is not None and t.shape.rank != 4:
+        raise ValueError(f"images must be a 4-D {'(N, H, W, C)' if data_format == 'NHWC' else '(N, C, H, W)'} "
+                         f"tensor ({data_format}), got shape {t.shape}")
+    return t
+
+
+def _boxes(boxes, box_indices):
+    b = tf.convert_to_tensor(boxes, name="boxes")
+    if not b.dtype.is_floating:
+        raise TypeError(f"boxes must be a float tensor, got {b.dtype.name}")
+    if b.shape.rank is not None and (b.shape.rank != 2 or b.shape[1] not in (None, 4)):
+        raise ValueError(f"boxes must have shape (K, 4) [y1, x1, y2, x2], got {b.shape}")
+    i = tf.convert_to_tensor(box_indices, name="box_indices")
+    if i.dtype not in (tf.int32, tf.int64):
+        raise TypeError(f"box_indices must be int32 or int64, got {i.dtype.name}")
+    if i.shape.rank is not None and i.shape.rank != 1:
+        raise ValueError(f"box_indices must be 1-D (one image index per box), got shape {i.shape}")
+    k_boxes = b.shape[0] if b.shape.rank else None
+    k_index = i.shape[0] if i.shape.rank else None
+    if k_boxes is not None and k_index is not None and k_boxes != k_index:
+        raise ValueError(f"box_indices must have one entry per box: boxes has {k_boxes} rows, "
+                         f"box_indices has {k_index}")
+    return b, i
+
+
+def _refuse_unsupported(op):
+    graph = tf.compat.v1.get_default_graph()
+    if _in_xla is not None and not tf.executing_eagerly() and _in_xla(graph):
+        raise NotImplementedError(
+            f"roicore.adapters.tf.{op} cannot be compiled with XLA (tf.function(jit_compile=True) "
+            "or Keras jit_compile=True): it runs roicore's kernels through tf.numpy_function, "
+            "which XLA does not support. Call it from a function with jit_compile=False.")
+    if _in_save is not None and _in_save():
+        raise NotImplementedError(
+            f"roicore.adapters.tf.{op} cannot be exported to a SavedModel (tf.saved_model.save, "
+            "Keras Model.export): it runs roicore's kernels through tf.numpy_function, whose "
+            "Python code a SavedModel cannot hold. Save Keras models as .keras files instead.")
+
+
+# ---------------------------------------------------------------------------------------
+# Run-time checks and layout (inside tf.numpy_function, on NumPy arrays)
+
+def _xyxy(boxes, box_indices, n_images):
+    """Check boxes/box_indices against the batch and swap [y1, x1, y2, x2] to [x1, y1, x2, y2]."""
+    b, i = np.asarray(boxes), np.asarray(box_indices)
+    if b.ndim != 2 or b.shape[1] != 4:
+        raise ValueError(f"boxes must have shape (K, 4) [y1, x1, y2, x2], got {b.shape}")
+    if i.shape != (b.shape[0],):
+        raise ValueError(f"box_indices must have shape ({b.shape[0]},), one image index per "
+                         f"box, got {i.shape}")
+    bad = np.flatnonzero((i < 0) | (i >= n_images))
+    if bad.size:
+        k = int(bad[0])
+        raise ValueError(f"box_indices[{k}] = {int(i[k])} is outside [0, batch_size) for images "
+                         f"with batch_size={n_images}")
+    return b[:, [1, 0, 3, 2]], i
+
+
+def _apply(op, name, images, boxes, box_indices, data_format, out_hw, out_channels, forward,
+           backward, with_argmax=False):
+    """images (any format) -> NCHW -> core forward/backward via numpy_function -> format."""
+    _refuse_unsupported(op)
+    data_format = _data_format(data_format)
+    with tf.name_scope(name or op):
+        images = _images(images, data_format)
+        boxes, box_indices = _boxes(boxes, box_indices)
+        x = images if data_format == "NCHW" else tf.transpose(images, [0, 3, 1, 2])
+        c = x.shape[1] if x.shape.rank else None
+        k = boxes.shape[0] if boxes.shape.rank else None
+        out_shape = [k, out_channels(c), *out_hw]
+
+        @tf.custom_gradient
+        def _op(x, boxes, box_indices):
+            if with_argmax:
+                y, argmax = tf.numpy_function(forward, [x, boxes, box_indices],
+                                              [x.dtype, tf.int32], stateful=False, name=op)
+                saved = [argmax]
+            else:
+                y = tf.numpy_function(forward, [x, boxes, box_indices], x.dtype,
+                                      stateful=False, name=op)
+                saved = []
+            y.set_shape(out_shape)
+
+            def grad(dy):
+                dx = tf.numpy_function(
+                    backward, [dy, boxes, box_indices, tf.shape(x, out_type=tf.int64), *saved],
+                    x.dtype, stateful=False, name=op + "_grad")
+                dx.set_shape(x.shape)
+                return dx, None, None
+
+            return y, grad
+
+        y = _op(x, boxes, box_indices)
+        return y if data_format == "NCHW" else tf.transpose(y, [0, 2, 3, 1])
+
+
+def _same_channels(c):
+    return c
+
+
+# ---------------------------------------------------------------------------------------
+# Ops
+
+def roi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, method="max",
+             extrapolation_value=0.0, data_format="NHWC", name=None, *, n_threads=None):
+    """RoI pooling of ``images`` (NHWC by default) over ``boxes`` [y1, x1, y2, x2] with ``box_indices``.
+
+    method="max" takes ABSOLUTE input-image coordinates (feature pixel = coordinate *
+    ``spatial_scale``); method="bilinear" takes boxes normalised exactly as
+    ``tf.image.crop_and_resize``'s (``y * (H - 1)`` is the feature row) and equals it bit for
+    bit for float32.  Columns are [y1, x1, y2, x2] as in TF; the result is
+    ``(K, PH, PW, C)`` (NHWC) or ``(K, C, PH, PW)`` (NCHW) in the images' dtype.
+
+    Args:
+      images: 4-D float16/32/64 tensor, (N, H, W, C) or (N, C, H, W) per ``data_format``.
+      boxes: (K, 4) float tensor of [y1, x1, y2, x2] rows.
+      box_indices: (K,) int32/int64 tensor, the image of each box, in [0, N).
+      output_size: int or (PH, PW), the pooled size (``crop_size`` for bilinear).
+      spatial_scale: feature-map size over image size (1/16 for a stride-16 backbone).
+        Must stay 1.0 for method="bilinear", whose boxes are already normalised.
+      method: "max" (Fast R-CNN RoI max pooling, roicore convention "mxnet") or "bilinear"
+        (crop_and_resize sampling, roicore convention "tensorflow").
+      extrapolation_value: value of bilinear samples outside the map (crop_and_resize's).
+      data_format: "NHWC" (default; costs a transpose copy of the input and of the output,
+        and of the gradients) or "NCHW" (no copy).
+      name: name scope.
+      n_threads: OpenMP threads for roicore (None: its default); results do not depend on it.
+
+    Returns:
+      The pooled tensor.  Gradients flow to ``images`` only.
+
+    Notes:
+      max: each box is snapped to feature pixels with ``round(x * spatial_scale)``, given an
+      inclusive +1 extent and split into floor/ceil bins; an empty bin gives 0.
+      bilinear: a flipped box (y2 < y1) gives a flipped crop; samples outside the map give
+      ``extrapolation_value``.  Unlike crop_and_resize, the output keeps the images' dtype
+      and float64 images are computed in float64 (crop_and_resize always computes and
+      returns float32); crop_and_resize's box gradient is not provided.
+    """
+    if method not in ("max", "bilinear"):
+        raise ValueError(f"method must be 'max' or 'bilinear', got {method!r}")
+    out_hw = _pair(output_size, "output_size")
+    core.effective_n_threads(n_threads)
+    if method == "bilinear":
+        if spatial_scale != 1.0:
+            raise ValueError("spatial_scale must be 1.0 for method='bilinear': its boxes are "
+                             "normalised as tf.image.crop_and_resize's, got "
+                             f"spatial_scale={spatial_scale!r}")
+        rules = CONVENTIONS["roi_pool/bilinear"]
+
+        def forward(x, b, i):
+            xyxy, i = _xyxy(b, i, x.shape[0])
+            return core.roi_pool(x, xyxy, out_hw, batch_indices=i, method="bilinear",
+                                 convention=rules, extrapolation_value=extrapolation_value,
+                                 n_threads=n_threads)
+
+        def backward(dy, b, i, shape):
+            xyxy, i = _xyxy(b, i, shape[0])
+            return core.roi_pool_backward(dy, xyxy, tuple(shape), batch_indices=i,
+                                          method="bilinear", convention=rules,
+                                          n_threads=n_threads)
+
+        return _apply("roi_pool", name, images, boxes, box_indices, data_format, out_hw,
+                      _same_channels, forward, backward)
+
+    def forward(x, b, i):
+        xyxy, i = _xyxy(b, i, x.shape[0])
+        y, argmax = core.roi_pool(x, xyxy, out_hw, spatial_scale, batch_indices=i,
+                                  method="max", convention=_MAX_RULES, return_argmax=True,
+                                  n_threads=n_threads)
+        if argmax.dtype != np.int32:
+            raise ValueError(f"feature maps of {x.shape[2]}x{x.shape[3]} >= 2**31 pixels per "
+                             "plane are not supported by roicore.adapters.tf.roi_pool")
+        return y, argmax
+
+    def backward(dy, b, i, shape, argmax):
+        xyxy, i = _xyxy(b, i, shape[0])
+        return core.roi_pool_backward(dy, xyxy, tuple(shape), spatial_scale, batch_indices=i,
+                                      method="max", convention=_MAX_RULES, argmax=argmax,
+                                      n_threads=n_threads)
+
+    return _apply("roi_pool", name, images, boxes, box_indices, data_format, out_hw,
+                  _same_channels, forward, backward, with_argmax=True)
+
+
+def psroi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, output_channels=None,
+               group_size=None, data_format="NHWC", name=None, *, n_threads=None):
+    """Position-sensitive RoI average pooling (R-FCN) of ``images`` over ABSOLUTE ``boxes`` [y1, x1, y2, x2].
+
+    ``images`` is NHWC by default with C = ``output_channels * GH * GW`` channels, ``boxes``
+    are in input-image pixels (feature pixel = coordinate * ``spatial_scale``) with rows
+    [y1, x1, y2, x2] as in TF, ``box_indices`` gives each box's image; the result is
+    ``(K, PH, PW, D)`` (NHWC) or ``(K, D, PH, PW)`` (NCHW).  roicore convention "mxnet"
+    (same numbers as Paddle's psroi_pool).
+
+    Args:
+      images: 4-D float16/32/64 tensor, (N, H, W, C) or (N, C, H, W) per ``data_format``.
+      boxes: (K, 4) float tensor of [y1, x1, y2, x2] rows.
+      box_indices: (K,) int32/int64 tensor in [0, N).
+      output_size: int or (PH, PW).
+      spatial_scale: feature-map size over image size.
+      output_channels: D (inferred from C when None).
+      group_size: int or (GH, GW), MXNet's group size; defaults to ``output_size``.
+      data_format: "NHWC" (default; transpose copies of input, output and gradients) or
+        "NCHW" (no copy).
+      name: name scope.
+      n_threads: OpenMP threads for roicore (None: its default).
+
+    Returns:
+      The pooled tensor.  Gradients flow to ``images`` only.
+
+    Notes:
+      Output channel d at cell (ph, pw) averages input channel ``(d*GH + gh)*GW + gw``.
+      Coordinates are rounded before scaling and the end gets +1; empty bins give 0.
+    """
+    out_hw = _pair(output_size, "output_size")
+    gh, gw = out_hw if group_size is None else _pair(group_size, "group_size")
+    core.effective_n_threads(n_threads)
+    rules = CONVENTIONS["psroi_pool"]
+
+    def out_channels(c):
+        if output_channels is not None:
+            return output_channels if isinstance(output_channels, numbers.Integral) else None
+        return c // (gh * gw) if c is not None and c % (gh * gw) == 0 else None
+
+    def forward(x, b, i):
+        xyxy, i = _xyxy(b, i, x.shape[0])
+        return core.psroi_pool(x, xyxy, out_hw, spatial_scale, output_channels=output_channels,
+                               group_size=group_size, batch_indices=i, convention=rules,
+                               n_threads=n_threads)
+
+    def backward(dy, b, i, shape):
+        xyxy, i = _xyxy(b, i, shape[0])
+        return core.psroi_pool_backward(dy, xyxy, tuple(shape), spatial_scale,
+                                        group_size=group_size, batch_indices=i,
+                                        convention=rules, n_threads=n_threads)
+
+    return _apply("psroi_pool", name, images, boxes, box_indices, data_format, out_hw,
+                  out_channels, forward, backward)
+
+
+def roi_align(images, boxes, box_indices, output_size, spatial_scale=1.0, sampling_ratio=-1,
+              aligned=False, data_format="NHWC", name=None, *, n_threads=None):
+    """RoIAlign (Mask R-CNN) of ``images`` (NHWC by default) over ABSOLUTE ``boxes`` [y1, x1, y2, x2].
+
+    ``boxes`` are in input-image pixels (feature pixel = coordinate * ``spatial_scale``)
+    with rows [y1, x1, y2, x2] as in TF, ``box_indices`` gives each box's image; the result
+    is ``(K, PH, PW, C)`` (NHWC) or ``(K, C, PH, PW)`` (NCHW).  roicore convention "mxnet"
+    (Caffe2 sampler, as MXNet ROIAlign and torchvision roi_align for float32).
+
+    Args:
+      images: 4-D float16/32/64 tensor, (N, H, W, C) or (N, C, H, W) per ``data_format``.
+      boxes: (K, 4) float tensor of [y1, x1, y2, x2] rows.
+      box_indices: (K,) int32/int64 tensor in [0, N).
+      output_size: int or (PH, PW).
+      spatial_scale: feature-map size over image size.
+      sampling_ratio: samples per bin and axis; -1 or 0 for ``ceil(bin size)``.
+      aligned: shift boxes by -0.5 pixel (pixel centres), as Detectron2's ROIAlignV2.
+      data_format: "NHWC" (default; transpose copies of input, output and gradients) or
+        "NCHW" (no copy).
+      name: name scope.
+      n_threads: OpenMP threads for roicore (None: its default).
+
+    Returns:
+      The pooled tensor.  Gradients flow to ``images`` only.
+    """
+    out_hw = _pair(output_size, "output_size")
+    core.effective_n_threads(n_threads)
+    rules = CONVENTIONS["roi_align"]
+
+    def forward(x, b, i):
+        xyxy, i = _xyxy(b, i, x.shape[0])
+        return core.roi_align(x, xyxy, out_hw, spatial_scale, sampling_ratio, aligned,
+                              batch_indices=i, convention=rules, n_threads=n_threads)
+
+    def backward(dy, b, i, shape):
+        xyxy, i = _xyxy(b, i, shape[0])
+        return core.roi_align_backward(dy, xyxy, tuple(shape), spatial_scale, sampling_ratio,
+                                       aligned, batch_indices=i, convention=rules,
+                                       n_threads=n_threads)
+
+    return _apply("roi_align", name, images, boxes, box_indices, data_format, out_hw,
+                  _same_channels, forward, backward)
+
+
+# ---------------------------------------------------------------------------------------
+# Keras 3 layers
+
+_KERAS_FORMATS = {"channels_last": "NHWC", "channels_first": "NCHW", "NHWC": "NHWC",
+                  "NCHW": "NCHW"}
+
+
+def _keras_data_format(data_format):
+    if data_format is None:
+        data_format = keras.config.image_data_format()
+    if data_format not in _KERAS_FORMATS:
+        raise ValueError("data_format must be 'channels_last', 'channels_first', 'NHWC', "
+                         f"'NCHW' or None, got {data_format!r}")
+    return "channels_last" if _KERAS_FORMATS[data_format] == "NHWC" else "channels_first"
+
+
+class _RoILayer(keras.layers.Layer):
+    """Shared plumbing: ``call(images, boxes, box_indices)``, data_format, get_config."""
+
+    _op = None
+    _params = ()
+
+    def __init__(self, data_format=None, n_threads=None, **kwargs):
+        super().__init__(**kwargs)
+        self.data_format = _keras_data_format(data_format)
+        core.effective_n_threads(n_threads)
+        self.n_threads = n_threads
+        self.supports_jit = False  # Keras' jit_compile="auto" then stays off XLA
+
+    def call(self, images, boxes, box_indices):
+        kwargs = {p: getattr(self, p) for p in self._params}
+        return type(self)._op(images, boxes, box_indices, **kwargs,
+                              data_format=_KERAS_FORMATS[self.data_format],
+                              n_threads=self.n_threads)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({p: getattr(self, p) for p in self._params})
+        config.update(data_format=self.data_format, n_threads=self.n_threads)
+        return config
+
+
+@keras.saving.register_keras_serializable(package="roicore")
+class RoIPool(_RoILayer):
+    """Keras layer for :func:`roi_pool`: ``RoIPool(output_size, ...)(images, boxes, box_indices)``.
+
+    Boxes are ABSOLUTE [y1, x1, y2, x2] for method="max" and normalised as crop_and_resize's
+    for method="bilinear"; ``data_format`` is Keras' ("channels_last" by default, from
+    ``keras.config.image_data_format()``) or "NHWC"/"NCHW".
+    """
+
+    _op = staticmethod(roi_pool)
+    _params = ("output_size", "spatial_scale", "method", "extrapolation_value")
+
+    def __init__(self, output_size, spatial_scale=1.0, method="max", extrapolation_value=0.0,
+                 data_format=None, n_threads=None, **kwargs):
+        super().__init__(data_format, n_threads, **kwargs)
+        self.output_size = _pair(output_size, "output_size")
+        self.spatial_scale = float(spatial_scale)
+        if method not in ("max", "bilinear"):
+            raise ValueError(f"method must be 'max' or 'bilinear', got {method!r}")
+        self.method = method
+        self.extrapolation_value = float(extrapolation_value)
+
+
+@keras.saving.register_keras_serializable(package="roicore")
+class PSRoIPool(_RoILayer):
+    """Keras layer for :func:`psroi_pool` (ABSOLUTE [y1, x1, y2, x2] boxes)."""
+
+    _op = staticmethod(psroi_pool)
+    _params = ("output_size", "spatial_scale", "output_channels", "group_size")
+
+    def __init__(self, output_size, spatial_scale=1.0, output_channels=None, group_size=None,
+                 data_format=None, n_threads=None, **kwargs):
+        super().__init__(data_format, n_threads, **kwargs)
+        self.output_size = _pair(output_size, "output_size")
+        self.spatial_scale = float(spatial_scale)
+        self.output_channels = output_channels
+        self.group_size = None if group_size is None else _pair(group_size, "group_size")
+
+
+@keras.saving.register_keras_serializable(package="roicore")
+class RoIAlign(_RoILayer):
+    """Keras layer for :func:`roi_align` (ABSOLUTE [y1, x1, y2, x2] boxes)."""
+
+    _op = staticmethod(roi_align)
+    _params = ("output_size", "spatial_scale", "sampling_ratio", "aligned")
+
+    def __init__(self, output_size, spatial_scale=1.0, sampling_ratio=-1, aligned=False,
+                 data_format=None, n_threads=None, **kwargs):
+        super().__init__(data_format, n_threads, **kwargs)
+        self.output_size = _pair(output_size, "output_size")
+        self.spatial_scale = float(spatial_scale)
+        self.sampling_ratio = sampling_ratio
+        self.aligned = aligned

@@ -1,0 +1,469 @@
+"""roicore.adapters.tf: equal to roicore.core bit for bit, differentiable, traceable, Keras-usable.
+
+The adapter only converts layout (NHWC <-> NCHW, [y1, x1, y2, x2] -> [x1, y1, x2, y2]), so
+every forward and gradient is compared with the core on the same NumPy inputs with
+``np.array_equal``; the core itself is checked against the loop references in tests/.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import framework
+
+tf = framework("tensorflow", "the TensorFlow adapter needs tensorflow")
+keras = framework("keras", "the TensorFlow adapter's layers need Keras 3")
+
+from roicore import core  # noqa: E402
+from roicore.adapters import tf as rtf  # noqa: E402
+
+OPS = ("roi_pool_max", "roi_pool_bilinear", "psroi_pool", "roi_align")
+FORMATS = ("NHWC", "NCHW")
+DTYPES = (np.float16, np.float32, np.float64)
+
+
+# ---------------------------------------------------------------------------------------
+# Inputs and the core calls they are compared with
+
+def make_case(op, seed=0, dtype=np.float32, N=2, C=None, H=9, W=11, K=7, scale=0.5):
+    """NCHW images, [y1, x1, y2, x2] boxes (incl. out-of-range, flipped and zero-size ones)
+    and box indices.  Bilinear boxes are normalised; the others absolute."""
+    rng = np.random.default_rng(seed)
+    C = C if C is not None else (2 * 3 * 3 if op == "psroi_pool" else 3)
+    # distinct values so max pooling has no ties (finite differences stay valid)
+    x = (rng.permutation(N * C * H * W).reshape(N, C, H, W) * 0.01 - 1).astype(dtype)
+    if op == "roi_pool_bilinear":
+        yx = rng.uniform(-0.3, 1.3, (K, 4))
+    else:
+        yx = rng.uniform(-3, [H / scale + 3, W / scale + 3] * 2, (K, 4))
+    yx[0] = yx[0, [2, 3, 0, 1]] if yx[0, 0] < yx[0, 2] else yx[0]  # flipped box
+    yx[1, 2:] = yx[1, :2]                                           # zero-size box
+    boxes = yx.astype(np.float32)
+    idx = rng.integers(0, N, K).astype(np.int32)
+    return x, boxes, idx
+
+
+def params(op):
+    return {"roi_pool_max": dict(output_size=(3, 2), spatial_scale=0.5),
+            "roi_pool_bilinear": dict(output_size=(3, 4)),
+            "psroi_pool": dict(output_size=3, spatial_scale=0.5),
+            "roi_align": dict(output_size=(2, 3), spatial_scale=0.5, sampling_ratio=2)}[op]
+
+
+def call_adapter(op, images, boxes, idx, data_format="NHWC", **kw):
+    kw = {**params(op), **kw}
+    if op.startswith("roi_pool"):
+        return rtf.roi_pool(images, boxes, idx, method=op.split("_")[-1], data_format=data_format,
+                            **kw)
+    return getattr(rtf, op)(images, boxes, idx, data_format=data_format, **kw)
+
+
+def to_format(x_nchw, data_format):
+    return x_nchw if data_format == "NCHW" else np.transpose(x_nchw, (0, 2, 3, 1))
+
+
+def from_format(a, data_format):
+    return a if data_format == "NCHW" else np.transpose(a, (0, 3, 1, 2))
+
+
+def core_forward(op, x, boxes, idx):
+    xyxy = boxes[:, [1, 0, 3, 2]]
+    kw = params(op)
+    if op == "roi_pool_max":
+        return core.roi_pool(x, xyxy, batch_indices=idx, method="max", convention="mxnet", **kw)
+    if op == "roi_pool_bilinear":
+        return core.roi_pool(x, xyxy, batch_indices=idx, method="bilinear",
+                             convention="tensorflow", **kw)
+    return getattr(core, op)(x, xyxy, batch_indices=idx, convention="mxnet", **kw)
+
+
+def core_backward(op, dy, x, boxes, idx):
+    xyxy = boxes[:, [1, 0, 3, 2]]
+    kw = params(op)
+    kw.pop("output_size")
+    if op == "roi_pool_max":
+        _, argmax = core.roi_pool(x, xyxy, batch_indices=idx, method="max", convention="mxnet",
+                                  return_argmax=True, **params(op))
+        return core.roi_pool_backward(dy, xyxy, x.shape, batch_indices=idx, method="max",
+                                      convention="mxnet", argmax=argmax, **kw)
+    if op == "roi_pool_bilinear":
+        return core.roi_pool_backward(dy, xyxy, x.shape, batch_indices=idx, method="bilinear",
+                                      convention="tensorflow", **kw)
+    return getattr(core, op + "_backward")(dy, xyxy, x.shape, batch_indices=idx,
+                                           convention="mxnet", **kw)
+
+
+def forward_and_grad(op, images, boxes, idx, dy, data_format, **kw):
+    images = tf.convert_to_tensor(images)
+    with tf.GradientTape() as tape:
+        tape.watch(images)
+        y = call_adapter(op, images, boxes, idx, data_format, **kw)
+        loss = tf.reduce_sum(y * tf.cast(dy, y.dtype))
+    return y, tape.gradient(loss, images)
+
+
+# ---------------------------------------------------------------------------------------
+# Adapter == core
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("data_format", FORMATS)
+@pytest.mark.parametrize("op", OPS)
+def test_forward_and_gradient_match_core(op, data_format, dtype):
+    for seed in range(3):
+        x, boxes, idx = make_case(op, seed, dtype)
+        y_core = core_forward(op, x, boxes, idx)
+        dy = np.random.default_rng(seed + 100).standard_normal(y_core.shape).astype(dtype)
+        y, g = forward_and_grad(op, to_format(x, data_format), boxes, idx,
+                                to_format(dy, data_format), data_format)
+        assert y.dtype == dtype and g.dtype == dtype
+        np.testing.assert_array_equal(from_format(y.numpy(), data_format), y_core)
+        np.testing.assert_array_equal(from_format(g.numpy(), data_format),
+                                      core_backward(op, dy, x, boxes, idx))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_boxes_get_no_gradient_and_int64_indices_work(op):
+    x, boxes, idx = make_case(op)
+    images, boxes_t = tf.constant(to_format(x, "NHWC")), tf.constant(boxes)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([images, boxes_t])
+        y = call_adapter(op, images, boxes_t, idx.astype(np.int64))
+    assert tape.gradient(y, boxes_t) is None
+    assert tape.gradient(y, images) is not None
+    np.testing.assert_array_equal(from_format(y.numpy(), "NHWC"), core_forward(op, x, boxes, idx))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_no_boxes_gives_empty_output_and_zero_gradient(op):
+    x, _, _ = make_case(op)
+    y, g = forward_and_grad(op, x, np.zeros((0, 4), np.float32), np.zeros(0, np.int32),
+                            np.zeros((0,) + core_forward(op, x, *make_case(op)[1:]).shape[1:],
+                                     np.float32), "NCHW")
+    assert y.shape[0] == 0 and not np.any(g.numpy())
+
+
+def test_n_threads_does_not_change_results():
+    x, boxes, idx = make_case("roi_align", K=40)
+    outs = [forward_and_grad("roi_align", x, boxes, idx, np.ones((40, 3, 2, 3)), "NCHW",
+                             n_threads=n) for n in (1, 2)]
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+
+
+# ---------------------------------------------------------------------------------------
+# Gradients vs numerical differentiation (float64)
+
+@pytest.mark.parametrize("data_format", FORMATS)
+@pytest.mark.parametrize("op", OPS)
+def test_gradient_matches_tf_compute_gradient(op, data_format):
+    # compute_gradient runs the op twice per input element: keep the maps tiny
+    kw = {"output_size": 2} if op == "psroi_pool" else {}
+    x, boxes, idx = make_case(op, 0, np.float64, N=2, C=4 if op == "psroi_pool" else 2,
+                              H=4, W=5, K=4)
+    images = tf.constant(to_format(x, data_format))
+    theoretical, numerical = tf.test.compute_gradient(
+        lambda im: call_adapter(op, im, boxes, idx, data_format, **kw), [images], delta=1e-4)
+    assert np.any(theoretical[0])
+    np.testing.assert_allclose(theoretical[0], numerical[0], rtol=1e-6, atol=1e-7)
+
+
+# ---------------------------------------------------------------------------------------
+# Graph mode: tf.function, static shapes
+
+@pytest.mark.parametrize("data_format", FORMATS)
+@pytest.mark.parametrize("op", OPS)
+def test_tf_function_equals_eager(op, data_format):
+    x, boxes, idx = make_case(op)
+    images = to_format(x, data_format)
+    dy = np.ones_like(from_format(call_adapter(op, images, boxes, idx, data_format).numpy(),
+                                  data_format))
+    eager = forward_and_grad(op, images, boxes, idx, to_format(dy, data_format), data_format)
+    graph = tf.function(forward_and_grad, autograph=False)(
+        op, tf.constant(images), tf.constant(boxes), tf.constant(idx),
+        tf.constant(to_format(dy, data_format)), data_format)
+    for a, b in zip(eager, graph):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+@pytest.mark.parametrize("op,channels_out", [("roi_pool_max", 18), ("roi_pool_bilinear", 18),
+                                              ("psroi_pool", 2), ("roi_align", 18)])
+def test_static_shapes_are_set_in_tf_function(op, channels_out):
+    kw = {**params(op), "output_size": (3, 3)}
+    specs = [tf.TensorSpec([None, 9, 11, 18], tf.float32), tf.TensorSpec([None, 4], tf.float32),
+             tf.TensorSpec([None], tf.int32)]
+
+    def fn(images, boxes, idx):
+        with tf.GradientTape() as tape:
+            tape.watch(images)
+            y = call_adapter(op, images, boxes, idx, "NHWC", **kw)
+        return y, tape.gradient(y, images)
+
+    y, g = tf.function(fn).get_concrete_function(*specs).structured_outputs
+    assert y.shape.as_list() == [None, 3, 3, channels_out]
+    assert g.shape.as_list() == [None, 9, 11, 18]
+    specs[1] = tf.TensorSpec([5, 4], tf.float32)
+    y, _ = tf.function(fn).get_concrete_function(*specs).structured_outputs
+    assert y.shape.as_list() == [5, 3, 3, channels_out]
+
+
+# ---------------------------------------------------------------------------------------
+# Keras 3 layers
+
+def _keras_model(layer, data_format="channels_last"):
+    shape = (9, 11, 4) if data_format == "channels_last" else (4, 9, 11)
+    images = keras.Input(shape)
+    boxes = keras.Input((4,))
+    idx = keras.Input((), dtype="int32")
+    feats = keras.layers.Conv2D(18, 3, padding="same",  # TF's CPU Conv2D is NHWC only
+                                kernel_initializer=keras.initializers.GlorotUniform(0))(
+        images if data_format == "channels_last" else keras.layers.Permute((2, 3, 1))(images))
+    if data_format == "channels_first":
+        feats = keras.layers.Permute((3, 1, 2))(feats)
+    pooled = layer(feats, boxes, idx)
+    out = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(1))(
+        keras.layers.Flatten()(pooled))
+    return keras.Model([images, boxes, idx], out)
+
+
+LAYERS = [
+    lambda df: rtf.RoIPool((3, 2), 0.5, data_format=df),
+    lambda df: rtf.RoIPool(3, method="bilinear", extrapolation_value=0.5, data_format=df),
+    lambda df: rtf.PSRoIPool(3, 0.5, output_channels=2, data_format=df),
+    lambda df: rtf.RoIAlign((2, 3), 0.5, sampling_ratio=2, aligned=True, data_format=df),
+]
+
+
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+@pytest.mark.parametrize("make_layer", LAYERS, ids=["max", "bilinear", "psroi", "align"])
+def test_keras_layer_trains_in_a_model(make_layer, data_format, tmp_path):
+    layer = make_layer(data_format)
+    op = "roi_pool_bilinear" if getattr(layer, "method", "") == "bilinear" else "roi_align"
+    x, boxes, idx = make_case(op, N=4, C=4, K=4)
+    idx = np.arange(4, dtype=np.int32)  # one box per image: Keras slices all inputs alike
+    images = x if data_format == "channels_first" else to_format(x, "NHWC")
+    model = _keras_model(layer, data_format)
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")  # jit_compile="auto"
+    before = [w.numpy().copy() for w in model.trainable_weights]
+    history = model.fit([images, boxes, idx], np.ones((4, 1)), batch_size=4, epochs=2, verbose=0)
+    assert np.all(np.isfinite(history.history["loss"]))
+    assert all(not np.array_equal(a, w.numpy()) for a, w in zip(before, model.trainable_weights))
+    # serialisation: config round trip and a .keras file give the same predictions
+    clone = type(layer).from_config(layer.get_config())
+    assert clone.get_config() == layer.get_config()
+    path = str(tmp_path / "model.keras")
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    np.testing.assert_array_equal(loaded([images, boxes, idx]), model([images, boxes, idx]))
+
+
+def test_keras_layer_equals_op():
+    x, boxes, idx = make_case("roi_align")
+    layer = rtf.RoIAlign((2, 3), 0.5, sampling_ratio=2, data_format="NCHW")
+    np.testing.assert_array_equal(layer(x, boxes, idx),
+                                  call_adapter("roi_align", x, boxes, idx, "NCHW"))
+    assert layer.get_config()["data_format"] == "channels_first"
+
+
+def test_keras_jit_compile_true_falls_back_with_a_warning():
+    # the layers declare supports_jit = False, so Keras itself turns XLA off and says so
+    x, boxes, idx = make_case("roi_align", N=4, C=4, K=4)
+    model = _keras_model(rtf.RoIAlign(2, 0.5))
+    with pytest.warns(UserWarning, match="doesn't support `jit_compile=True`"):
+        model.compile(optimizer="sgd", loss="mse", jit_compile=True)
+    assert model.jit_compile is False
+    model.fit([to_format(x, "NHWC"), boxes, np.arange(4, dtype=np.int32)], np.ones((4, 1)),
+              batch_size=4, verbose=0)
+
+
+def test_keras_layer_under_an_xla_function_is_refused_clearly():
+    x, boxes, idx = make_case("roi_align")
+    layer = rtf.RoIAlign(2, 0.5, data_format="channels_first")
+    with pytest.raises(NotImplementedError, match="XLA"):
+        tf.function(lambda im: layer(im, boxes, idx), jit_compile=True)(x)
+
+
+# ---------------------------------------------------------------------------------------
+# tf.distribute.MirroredStrategy over two logical CPUs (needs a fresh TF: subprocess)
+
+MIRRORED = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from roicore import core
+    from roicore.adapters import tf as rtf
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    assert strategy.num_replicas_in_sync == 2
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 2, 9, 11, 5)).astype(np.float32)      # per replica, NHWC
+    boxes = rng.uniform(0, 18, (2, 6, 4)).astype(np.float32)
+    idx = rng.integers(0, 2, (2, 6)).astype(np.int32)
+
+    def value(ctx, a):
+        with tf.device(strategy.extended.worker_devices[ctx.replica_id_in_sync_group]):
+            return tf.identity(a[ctx.replica_id_in_sync_group])
+
+    xs, bs, ids = (strategy.experimental_distribute_values_from_function(
+        lambda ctx, a=a: value(ctx, a)) for a in (x, boxes, idx))
+    devices = [t.device for t in strategy.experimental_local_results(xs)]
+    assert devices[0].endswith("CPU:0") and devices[1].endswith("CPU:1"), devices
+
+    @tf.function
+    def step(images, b, i):
+        with tf.GradientTape() as tape:
+            tape.watch(images)
+            y = rtf.roi_align(images, b, i, (3, 4), 0.5, sampling_ratio=2)
+            loss = tf.reduce_sum(y)
+        return y, tape.gradient(loss, images)
+
+    ys, gs = strategy.run(step, args=(xs, bs, ids))
+    ys, gs = strategy.experimental_local_results(ys), strategy.experimental_local_results(gs)
+    for r in range(2):
+        xyxy, nchw = boxes[r][:, [1, 0, 3, 2]], x[r].transpose(0, 3, 1, 2)
+        y_core = core.roi_align(nchw, xyxy, (3, 4), 0.5, 2, batch_indices=idx[r])
+        g_core = core.roi_align_backward(np.ones_like(y_core), xyxy, nchw.shape, 0.5, 2,
+                                         batch_indices=idx[r])
+        assert np.array_equal(ys[r].numpy().transpose(0, 3, 1, 2), y_core)
+        assert np.array_equal(gs[r].numpy().transpose(0, 3, 1, 2), g_core)
+    print("MIRRORED OK")
+""")
+
+
+def test_mirrored_strategy_over_two_logical_cpus():
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run([sys.executable, "-c", MIRRORED], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0 and "MIRRORED OK" in proc.stdout, proc.stderr[-4000:]
+
+
+# ---------------------------------------------------------------------------------------
+# method="bilinear" == tf.image.crop_and_resize, bit for bit
+
+@pytest.fixture
+def op_determinism():
+    from tensorflow.python.framework import config
+    was = config.is_op_determinism_enabled()
+    tf.config.experimental.enable_op_determinism()
+    yield
+    if not was:
+        config.disable_op_determinism()
+
+
+@pytest.mark.parametrize("extrapolation_value", [0.0, -2.5])
+@pytest.mark.parametrize("crop_size", [(1, 1), (7, 5), (1, 4), (6, 1), (14, 14)])
+def test_bilinear_equals_crop_and_resize(crop_size, extrapolation_value, op_determinism):
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        N, H, W, C, K = 3, int(rng.integers(1, 13)), int(rng.integers(1, 13)), 4, 40
+        images = tf.constant(rng.standard_normal((N, H, W, C)).astype(np.float32))
+        boxes = rng.uniform(-0.5, 1.5, (K, 4))           # out of range and flipped boxes
+        boxes[:5] = rng.uniform(0, 1, (5, 4))
+        boxes[5] = [0, 0, 1, 1]
+        boxes[6] = [1, 1, 0, 0]
+        boxes[7, 2:] = boxes[7, :2]
+        boxes = tf.constant(boxes.astype(np.float32))
+        idx = tf.constant(rng.integers(0, N, K).astype(np.int32))
+        dy = tf.constant(rng.standard_normal((K,) + crop_size + (C,)).astype(np.float32))
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(images)
+            ours = rtf.roi_pool(images, boxes, idx, crop_size, method="bilinear",
+                                extrapolation_value=extrapolation_value)
+            theirs = tf.image.crop_and_resize(images, boxes, idx, crop_size,
+                                              extrapolation_value=extrapolation_value)
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+        np.testing.assert_array_equal(tape.gradient(ours, images, dy).numpy(),
+                                      tape.gradient(theirs, images, dy).numpy())
+
+
+# ---------------------------------------------------------------------------------------
+# Unsupported contexts and bad arguments: clear errors
+
+def test_xla_jit_compile_is_refused_clearly():
+    x, boxes, idx = make_case("roi_align")
+    fn = tf.function(lambda im: call_adapter("roi_align", im, boxes, idx, "NCHW"),
+                     jit_compile=True)
+    with pytest.raises(NotImplementedError, match=r"XLA .*jit_compile=True"):
+        fn(tf.constant(x))
+
+
+def test_saved_model_export_is_refused_clearly(tmp_path):
+    x, boxes, idx = make_case("roi_pool_max")
+
+    class Module(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec(x.shape, tf.float32)])
+        def __call__(self, images):
+            return call_adapter("roi_pool_max", images, boxes, idx, "NCHW")
+
+    module = Module()
+    module(tf.constant(x))  # works outside the export
+    with pytest.raises(NotImplementedError, match="SavedModel"):
+        tf.saved_model.save(module, str(tmp_path / "sm"))
+
+
+@pytest.mark.parametrize("bad_index", [-1, 2, 7])
+def test_box_indices_out_of_range(bad_index):
+    x, boxes, idx = make_case("roi_pool_max")
+    idx[3] = bad_index
+    message = rf"box_indices\[3\] = {bad_index} is outside \[0, batch_size\) .*batch_size=2"
+    with pytest.raises(ValueError, match=message):
+        call_adapter("roi_pool_max", to_format(x, "NHWC"), boxes, idx)
+    fn = tf.function(lambda: call_adapter("roi_pool_max", to_format(x, "NHWC"), boxes, idx))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        fn()
+
+
+@pytest.mark.parametrize("change,error,message", [
+    (dict(images=np.zeros((2, 9, 11), np.float32)), ValueError, r"images must be a 4-D \(N, H, W, C\)"),
+    (dict(images=np.zeros((2, 9, 11, 3), np.int32)), TypeError, "images must be float16, float32 or float64"),
+    (dict(images=tf.zeros((2, 9, 11, 3), tf.bfloat16)), TypeError, "got bfloat16"),
+    (dict(boxes=np.zeros((7, 5), np.float32)), ValueError, r"boxes must have shape \(K, 4\) \[y1, x1, y2, x2\]"),
+    (dict(boxes=np.zeros(4, np.float32)), ValueError, r"boxes must have shape \(K, 4\)"),
+    (dict(boxes=np.zeros((7, 4), np.int32)), TypeError, "boxes must be a float tensor"),
+    (dict(idx=np.zeros(6, np.int32)), ValueError, "boxes has 7 rows, box_indices has 6"),
+    (dict(idx=np.zeros((7, 1), np.int32)), ValueError, "box_indices must be 1-D"),
+    (dict(idx=np.zeros(7, np.float32)), TypeError, "box_indices must be int32 or int64"),
+    (dict(data_format="NCWH"), ValueError, "data_format must be 'NHWC' or 'NCHW'"),
+    (dict(output_size=(2, 0)), ValueError, "output_size must be >= 1"),
+    (dict(output_size=2.5), TypeError, "output_size must be an int or a pair"),
+    (dict(method="avg"), ValueError, "method must be 'max' or 'bilinear'"),
+    (dict(method="bilinear", spatial_scale=0.5), ValueError, "spatial_scale must be 1.0 for method='bilinear'"),
+    (dict(n_threads=0), ValueError, "n_threads = 0 is invalid"),
+    (dict(spatial_scale=-1.0), ValueError, "spatial_scale must be positive"),
+])
+def test_bad_arguments_raise_clear_errors(change, error, message):
+    x, boxes, idx = make_case("roi_pool_max")
+    args = dict(images=to_format(x, "NHWC"), boxes=boxes, idx=idx, data_format="NHWC",
+                output_size=2, spatial_scale=0.5, method="max", n_threads=None)
+    args.update(change)
+    with pytest.raises(error, match=message):
+        rtf.roi_pool(args.pop("images"), args.pop("boxes"), args.pop("idx"), **args)
+
+
+def test_dynamic_shape_errors_surface_at_run_time_in_tf_function():
+    x, boxes, idx = make_case("roi_pool_max")
+    fn = tf.function(lambda im, b, i: rtf.roi_pool(im, b, i, 2),
+                     input_signature=[tf.TensorSpec(None, tf.float32),
+                                      tf.TensorSpec(None, tf.float32),
+                                      tf.TensorSpec(None, tf.int32)])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"box_indices must have shape \(7,\)"):
+        fn(to_format(x, "NHWC"), boxes, idx[:5])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"boxes must have shape \(K, 4\)"):
+        fn(to_format(x, "NHWC"), boxes[:, :3], idx)
+
+
+def test_psroi_channels_not_multiple_of_group():
+    x, boxes, idx = make_case("roi_align", C=5)
+    with pytest.raises(ValueError, match="not a multiple of the group area"):
+        rtf.psroi_pool(x, boxes, idx, 3, data_format="NCHW")
+
+
+def test_keras_layer_rejects_bad_configuration():
+    with pytest.raises(ValueError, match="data_format must be"):
+        rtf.RoIAlign(7, data_format="channels_middle")
+    with pytest.raises(ValueError, match="method must be"):
+        rtf.RoIPool(7, method="average")
+    assert rtf.RoIPool(7).supports_jit is False
