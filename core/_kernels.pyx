@@ -35,6 +35,16 @@ cdef extern from "roicore_simd.h":
                                 int32_t idx) noexcept nogil
     void roicore_max_only_f32(float* acc, const float* row, int64_t n) noexcept nogil
     void roicore_max_only_f64(double* acc, const double* row, int64_t n) noexcept nogil
+    void roicore_bilinear_acc_f32(float* acc, const float* a, const float* b, const float* c,
+                                  const float* d, float w1, float w2, float w3, float w4,
+                                  int64_t n) noexcept nogil
+    void roicore_bilinear_acc_f64(double* acc, const double* a, const double* b, const double* c,
+                                  const double* d, double w1, double w2, double w3, double w4,
+                                  int64_t n) noexcept nogil
+    void roicore_scaled_add_f32(float* dst, const float* g, float w, float count,
+                                int64_t n) noexcept nogil
+    void roicore_scaled_add_f64(double* dst, const double* g, double w, double count,
+                                int64_t n) noexcept nogil
 
 ctypedef fused index_t:
     int32_t
@@ -700,6 +710,15 @@ cdef _SampleTables _align_tables(const floating[:, ::1] boxes, double spatial_sc
     return t
 
 
+cdef inline void _bilinear_acc(floating* acc, const floating* a, const floating* b,
+                               const floating* c, const floating* d, floating w1, floating w2,
+                               floating w3, floating w4, Py_ssize_t n) noexcept nogil:
+    if floating is float:
+        roicore_bilinear_acc_f32(acc, a, b, c, d, w1, w2, w3, w4, n)
+    else:
+        roicore_bilinear_acc_f64(acc, a, b, c, d, w1, w2, w3, w4, n)
+
+
 def roi_align_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
                       const floating[:, ::1] boxes,      # IN  (K, 4)
                       const int64_t[::1] batch,          # IN  (K,)
@@ -707,12 +726,16 @@ def roi_align_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
                       int sampler, bint empty_nan,
                       floating[:, :, :, ::1] out,        # OUT (K, C, PH, PW)
                       int n_threads):
+    """One box per task on an NHWC copy of x: each sample's four weights are computed once
+    and applied to whole channel vectors, in the frameworks' per-channel order."""
     cdef Py_ssize_t K = boxes.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
-    cdef Py_ssize_t PH = out.shape[2], PW = out.shape[3]
-    cdef Py_ssize_t k, kc, c, ph, pw, iy, ix, jy, jx
+    cdef Py_ssize_t PH = out.shape[2], PW = out.shape[3], P = PH * PW
+    cdef Py_ssize_t k, c, p, ph, pw, iy, ix, jy, jx
     cdef int64_t gy, gx, y0, y1, x0, x1
-    cdef floating acc, val, wy0, wy1, wx0, wx1, zero = 0
-    cdef const floating* plane
+    cdef floating wy0, wy1, wx0, wx1, zero = 0
+    cdef floating* acc
+    cdef floating* acc_p
+    cdef const floating* img
     if K == 0 or C == 0:
         return
     t = _align_tables(boxes, spatial_scale, H, W, PH, PW, sampling_ratio, aligned,
@@ -720,17 +743,20 @@ def roi_align_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
     cdef int64_t[::1] ygrid = t.ygrid, xgrid = t.xgrid, yoff = t.yoff, xoff = t.xoff
     cdef int64_t[::1] ylo = t.ylo, yhi = t.yhi, xlo = t.xlo, xhi = t.xhi
     cdef floating[::1] ylw = t.ylw, yhw = t.yhw, xlw = t.xlw, xhw = t.xhw
-    with nogil:
-        for kc in prange(K * C, num_threads=n_threads, schedule="guided"):
-            k = kc // C
-            c = kc % C
-            plane = &x[batch[k], c, 0, 0]
+    cdef floating[:, :, :, ::1] xt = _to_nhwc(x, n_threads)
+    cdef floating[:, ::1] acc_buf = np.empty((n_threads, P * C), _dtype(<floating>0))
+    with nogil, parallel(num_threads=n_threads):
+        acc = &acc_buf[omp_get_thread_num(), 0]
+        for k in prange(K, schedule="guided"):
+            img = &xt[batch[k], 0, 0, 0]
             gy = ygrid[k]
             gx = xgrid[k]
-            for ph in range(PH):
-                for pw in range(PW):
-                    acc = 0
-                    if gy > 0 and gx > 0:
+            for p in range(P * C):
+                acc[p] = 0
+            if gy > 0 and gx > 0:
+                for ph in range(PH):
+                    for pw in range(PW):
+                        acc_p = acc + (ph * PW + pw) * C
                         for iy in range(gy):
                             jy = yoff[k] + ph * gy + iy
                             y0 = ylo[jy]
@@ -738,26 +764,49 @@ def roi_align_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
                                 jx = xoff[k] + pw * gx + ix
                                 x0 = xlo[jx]
                                 if y0 < 0 or x0 < 0:
-                                    # outside the map: weights 0 at position 0, as the frameworks
-                                    val = zero * plane[0] + zero * plane[0] + zero * plane[0] + zero * plane[0]
-                                else:
-                                    y1 = yhi[jy]
-                                    x1 = xhi[jx]
-                                    wy0 = ylw[jy]
-                                    wy1 = yhw[jy]
-                                    wx0 = xlw[jx]
-                                    wx1 = xhw[jx]
-                                    val = ((wy0 * wx0) * plane[y0 * W + x0] + (wy0 * wx1) * plane[y0 * W + x1]
-                                           + (wy1 * wx0) * plane[y1 * W + x0]) + (wy1 * wx1) * plane[y1 * W + x1]
-                                acc = acc + val
+                                    # outside the map: weights 0 at pixel (0, 0), as the frameworks
+                                    _bilinear_acc(acc_p, img, img, img, img, zero, zero, zero, zero, C)
+                                    continue
+                                y1 = yhi[jy]
+                                x1 = xhi[jx]
+                                wy0 = ylw[jy]
+                                wy1 = yhw[jy]
+                                wx0 = xlw[jx]
+                                wx1 = xhw[jx]
+                                _bilinear_acc(acc_p, img + (y0 * W + x0) * C, img + (y0 * W + x1) * C,
+                                              img + (y1 * W + x0) * C, img + (y1 * W + x1) * C,
+                                              wy0 * wx0, wy0 * wx1, wy1 * wx0, wy1 * wx1, C)
+            for c in range(C):
+                for p in range(P):
                     if gy > 0 and gx > 0:
                         if sampler == SAMPLER_CAFFE2:
-                            acc = acc / <floating>(gy * gx)
+                            out[k, c, p // PW, p % PW] = acc[p * C + c] / <floating>(gy * gx)
                         else:  # Paddle multiplies by the reciprocal, computed in double
-                            acc = acc * <floating>(1.0 / <double>(gy * gx))
+                            out[k, c, p // PW, p % PW] = acc[p * C + c] * <floating>(1.0 / <double>(gy * gx))
                     elif empty_nan:
-                        acc = NAN  # Paddle: an empty sum times 1/0
-                    out[k, c, ph, pw] = acc
+                        out[k, c, p // PW, p % PW] = NAN  # Paddle: an empty sum times 1/0
+                    else:
+                        out[k, c, p // PW, p % PW] = 0
+
+
+cdef inline void _scaled_add(floating* dst, const floating* g, floating w, floating count,
+                             Py_ssize_t n) noexcept nogil:
+    if floating is float:
+        roicore_scaled_add_f32(dst, g, w, count, n)
+    else:
+        roicore_scaled_add_f64(dst, g, w, count, n)
+
+
+cdef floating[:, :, ::1] _to_pc(const floating[:, :, :, ::1] g, int n_threads):
+    """(K, C, PH, PW) -> C-contiguous (K, PH*PW, C)."""
+    cdef Py_ssize_t K = g.shape[0], C = g.shape[1], PH = g.shape[2], PW = g.shape[3], k, c, p
+    cdef floating[:, :, ::1] gt = np.empty((K, PH * PW, C), _dtype(<floating>0))
+    with nogil:
+        for k in prange(K, num_threads=n_threads, schedule="static"):
+            for c in range(C):
+                for p in range(PH * PW):
+                    gt[k, p, c] = g[k, c, p // PW, p % PW]
+    return gt
 
 
 def roi_align_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C, PH, PW)
@@ -767,14 +816,22 @@ def roi_align_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C, P
                        bint min_size_always,
                        floating[:, :, :, ::1] grad_input,         # OUT (N, C, H, W), zeroed
                        int n_threads):
-    """Caffe2 backward (MXNet, torchvision, and Paddle's backward)."""
+    """Caffe2 backward (MXNet, torchvision, and Paddle's backward).
+
+    The gradient accumulates in an NHWC buffer, whole channel vectors per sample.  Each
+    thread owns a contiguous block of channels and walks every box in (box, ph, pw, iy, ix)
+    order, so each channel receives its additions in the frameworks' serial order: no
+    atomics, and the same bits for any thread count.
+    """
     cdef Py_ssize_t K = grad_output.shape[0], C = grad_output.shape[1]
-    cdef Py_ssize_t H = grad_input.shape[2], W = grad_input.shape[3]
+    cdef Py_ssize_t N = grad_input.shape[0], H = grad_input.shape[2], W = grad_input.shape[3]
     cdef Py_ssize_t PH = grad_output.shape[2], PW = grad_output.shape[3]
-    cdef Py_ssize_t k, c, ph, pw, iy, ix, jy, jx
+    cdef Py_ssize_t blk, c0, n_c, k, ph, pw, iy, ix, jy, jx, n, h, w, c
+    cdef int n_blocks = <int>min(n_threads, C)
     cdef int64_t gy, gx, y0, y1, x0, x1
-    cdef floating g, count, wy0, wy1, wx0, wx1
-    cdef floating* plane
+    cdef floating count, wy0, wy1, wx0, wx1
+    cdef floating* img
+    cdef const floating* g
     if K == 0 or C == 0:
         return
     t = _align_tables(boxes, spatial_scale, H, W, PH, PW, sampling_ratio, aligned,
@@ -782,18 +839,22 @@ def roi_align_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C, P
     cdef int64_t[::1] ygrid = t.ygrid, xgrid = t.xgrid, yoff = t.yoff, xoff = t.xoff
     cdef int64_t[::1] ylo = t.ylo, yhi = t.yhi, xlo = t.xlo, xhi = t.xhi
     cdef floating[::1] ylw = t.ylw, yhw = t.yhw, xlw = t.xlw, xhw = t.xhw
+    cdef floating[:, :, ::1] gt = _to_pc(grad_output, n_threads)
+    cdef floating[:, :, :, ::1] dxt = np.zeros((N, H, W, C), _dtype(<floating>0))
     with nogil:
-        for c in prange(C, num_threads=n_threads, schedule="static"):
+        for blk in prange(n_blocks, num_threads=n_threads, schedule="static"):
+            c0 = blk * C // n_blocks
+            n_c = (blk + 1) * C // n_blocks - c0
             for k in range(K):
                 gy = ygrid[k]
                 gx = xgrid[k]
                 if gy <= 0 or gx <= 0:
                     continue
                 count = <floating>(gy * gx)
-                plane = &grad_input[batch[k], c, 0, 0]
+                img = &dxt[batch[k], 0, 0, 0]
                 for ph in range(PH):
                     for pw in range(PW):
-                        g = grad_output[k, c, ph, pw]
+                        g = &gt[k, ph * PW + pw, c0]
                         for iy in range(gy):
                             jy = yoff[k] + ph * gy + iy
                             y0 = ylo[jy]
@@ -810,7 +871,12 @@ def roi_align_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C, P
                                 x1 = xhi[jx]
                                 wx0 = xlw[jx]
                                 wx1 = xhw[jx]
-                                plane[y0 * W + x0] += g * (wy0 * wx0) / count
-                                plane[y0 * W + x1] += g * (wy0 * wx1) / count
-                                plane[y1 * W + x0] += g * (wy1 * wx0) / count
-                                plane[y1 * W + x1] += g * (wy1 * wx1) / count
+                                _scaled_add(img + (y0 * W + x0) * C + c0, g, wy0 * wx0, count, n_c)
+                                _scaled_add(img + (y0 * W + x1) * C + c0, g, wy0 * wx1, count, n_c)
+                                _scaled_add(img + (y1 * W + x0) * C + c0, g, wy1 * wx0, count, n_c)
+                                _scaled_add(img + (y1 * W + x1) * C + c0, g, wy1 * wx1, count, n_c)
+        for n in prange(N, num_threads=n_threads, schedule="static"):
+            for c in range(C):
+                for h in range(H):
+                    for w in range(W):
+                        grad_input[n, c, h, w] = dxt[n, h, w, c]
