@@ -61,7 +61,8 @@ class BuildExt(build_ext):
         else:
             # -ffp-contract=off: never fuse a*b+c into an FMA, so results match the
             # frameworks' x86-64 builds bit for bit (semantics.md, "FMA caveat").
-            base = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-Wno-unused-function"]
+            # -Wno-psabi: 32-byte vector helpers are static inline, so no ABI crosses a call
+            base = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-Wno-unused-function", "-Wno-psabi"]
         if _truthy("ROICORE_NO_OPENMP"):
             omp, why = None, "disabled by ROICORE_NO_OPENMP"
         else:

@@ -29,12 +29,12 @@ cdef extern from "roicore_omp.h":
     int omp_get_thread_num() noexcept nogil
 
 cdef extern from "roicore_simd.h":
-    void roicore_max_update_f32(float* acc, int32_t* arg, const float* row, int64_t n,
-                                int32_t idx) noexcept nogil
-    void roicore_max_update_f64(double* acc, int32_t* arg, const double* row, int64_t n,
-                                int32_t idx) noexcept nogil
-    void roicore_max_only_f32(float* acc, const float* row, int64_t n) noexcept nogil
-    void roicore_max_only_f64(double* acc, const double* row, int64_t n) noexcept nogil
+    void roicore_max_bin_f32(const float* img, int64_t W, int64_t C, int64_t h0, int64_t h1,
+                             int64_t w0, int64_t w1, float initial, float* acc,
+                             int32_t* arg) noexcept nogil
+    void roicore_max_bin_f64(const double* img, int64_t W, int64_t C, int64_t h0, int64_t h1,
+                             int64_t w0, int64_t w1, double initial, double* acc,
+                             int32_t* arg) noexcept nogil
     void roicore_bilinear_acc_f32(float* acc, const float* a, const float* b, const float* c,
                                   const float* d, float w1, float w2, float w3, float w4,
                                   int64_t n) noexcept nogil
@@ -80,6 +80,13 @@ def omp_max_threads():
 
 cdef inline object _dtype(floating witness):
     return np.float32 if floating is float else np.float64
+
+
+cdef inline Py_ssize_t _padded(Py_ssize_t C) noexcept nogil:
+    """Row length of (bin, channel) scratch buffers: C plus one cache line, so that rows
+    are not a power of two apart (with C = 512 floats, 49 rows 2 KiB apart share two L1
+    sets and evict each other during the transposed write-out)."""
+    return C + 16
 
 
 cdef inline int64_t _clamp(int64_t v, int64_t lo, int64_t hi) noexcept nogil:
@@ -282,15 +289,17 @@ cdef void _max_pool_channels_last(const floating[:, :, :, ::1] xt, const int64_t
     """One box per task: accumulate (bin, channel) maxima in a thread-local buffer, then
     write the box's (C, PH, PW) output block."""
     cdef Py_ssize_t K = out.shape[0], C = out.shape[1], PH = out.shape[2], PW = out.shape[3]
-    cdef Py_ssize_t W = xt.shape[2], P = PH * PW
+    cdef Py_ssize_t W = xt.shape[2], P = PH * PW, Cs = _padded(C)
     cdef Py_ssize_t k, ph, pw, p, h, w, c
     # one (bin, channel) accumulator per thread, indexed by the OpenMP thread number
-    cdef floating[:, ::1] acc_buf = np.empty((n_threads, P * C), _dtype(<floating>0))
-    cdef int32_t[:, ::1] arg_buf = np.empty((n_threads, P * C), np.int32)
+    cdef floating[:, ::1] acc_buf = np.empty((n_threads, P * Cs), _dtype(<floating>0))
+    cdef int32_t[:, ::1] arg_buf = np.empty((n_threads, P * Cs), np.int32)
     cdef floating* acc
     cdef int32_t* arg
     cdef floating* acc_p
     cdef int32_t* arg_p
+    cdef floating* out_k
+    cdef index_t* arg_k
     with nogil, parallel(num_threads=n_threads):
         acc = &acc_buf[omp_get_thread_num(), 0]
         arg = &arg_buf[omp_get_thread_num(), 0]
@@ -298,35 +307,31 @@ cdef void _max_pool_channels_last(const floating[:, :, :, ::1] xt, const int64_t
             for ph in range(PH):
                 for pw in range(PW):
                     p = ph * PW + pw
-                    acc_p = acc + p * C
-                    arg_p = arg + p * C
+                    acc_p = acc + p * Cs
+                    arg_p = arg + p * Cs
                     if he[k, ph] <= hs[k, ph] or we[k, pw] <= ws[k, pw]:
                         for c in range(C):
                             acc_p[c] = 0  # empty bin: 0, argmax -1
                             arg_p[c] = -1
                         continue
-                    for c in range(C):
-                        acc_p[c] = initial
-                        arg_p[c] = -1
-                    for h in range(hs[k, ph], he[k, ph]):
-                        for w in range(ws[k, pw], we[k, pw]):
-                            if want_argmax:
-                                if floating is float:
-                                    roicore_max_update_f32(acc_p, arg_p, &xt[batch[k], h, w, 0], C, h * W + w)
-                                else:
-                                    roicore_max_update_f64(acc_p, arg_p, &xt[batch[k], h, w, 0], C, h * W + w)
-                            else:
-                                if floating is float:
-                                    roicore_max_only_f32(acc_p, &xt[batch[k], h, w, 0], C)
-                                else:
-                                    roicore_max_only_f64(acc_p, &xt[batch[k], h, w, 0], C)
+                    if floating is float:
+                        roicore_max_bin_f32(&xt[batch[k], 0, 0, 0], W, C, hs[k, ph], he[k, ph],
+                                            ws[k, pw], we[k, pw], initial, acc_p,
+                                            arg_p if want_argmax else NULL)
+                    else:
+                        roicore_max_bin_f64(&xt[batch[k], 0, 0, 0], W, C, hs[k, ph], he[k, ph],
+                                            ws[k, pw], we[k, pw], initial, acc_p,
+                                            arg_p if want_argmax else NULL)
+            # (bin, channel) -> the box's (channel, bin) output block
+            out_k = &out[k, 0, 0, 0]
             for c in range(C):
                 for p in range(P):
-                    out[k, c, p // PW, p % PW] = acc[p * C + c]
+                    out_k[c * P + p] = acc[p * Cs + c]
             if want_argmax:
+                arg_k = &argmax[k, 0, 0, 0]
                 for c in range(C):
                     for p in range(P):
-                        argmax[k, c, p // PW, p % PW] = <index_t>arg[p * C + c]
+                        arg_k[c * P + p] = <index_t>arg[p * Cs + c]
 
 
 def roi_pool_max_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C, PH, PW)
@@ -729,12 +734,13 @@ def roi_align_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
     """One box per task on an NHWC copy of x: each sample's four weights are computed once
     and applied to whole channel vectors, in the frameworks' per-channel order."""
     cdef Py_ssize_t K = boxes.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
-    cdef Py_ssize_t PH = out.shape[2], PW = out.shape[3], P = PH * PW
+    cdef Py_ssize_t PH = out.shape[2], PW = out.shape[3], P = PH * PW, Cs = _padded(C)
     cdef Py_ssize_t k, c, p, ph, pw, iy, ix, jy, jx
     cdef int64_t gy, gx, y0, y1, x0, x1
     cdef floating wy0, wy1, wx0, wx1, zero = 0
     cdef floating* acc
     cdef floating* acc_p
+    cdef floating* out_k
     cdef const floating* img
     if K == 0 or C == 0:
         return
@@ -744,19 +750,19 @@ def roi_align_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
     cdef int64_t[::1] ylo = t.ylo, yhi = t.yhi, xlo = t.xlo, xhi = t.xhi
     cdef floating[::1] ylw = t.ylw, yhw = t.yhw, xlw = t.xlw, xhw = t.xhw
     cdef floating[:, :, :, ::1] xt = _to_nhwc(x, n_threads)
-    cdef floating[:, ::1] acc_buf = np.empty((n_threads, P * C), _dtype(<floating>0))
+    cdef floating[:, ::1] acc_buf = np.empty((n_threads, P * Cs), _dtype(<floating>0))
     with nogil, parallel(num_threads=n_threads):
         acc = &acc_buf[omp_get_thread_num(), 0]
         for k in prange(K, schedule="guided"):
             img = &xt[batch[k], 0, 0, 0]
             gy = ygrid[k]
             gx = xgrid[k]
-            for p in range(P * C):
+            for p in range(P * Cs):
                 acc[p] = 0
             if gy > 0 and gx > 0:
                 for ph in range(PH):
                     for pw in range(PW):
-                        acc_p = acc + (ph * PW + pw) * C
+                        acc_p = acc + (ph * PW + pw) * Cs
                         for iy in range(gy):
                             jy = yoff[k] + ph * gy + iy
                             y0 = ylo[jy]
@@ -776,17 +782,18 @@ def roi_align_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
                                 _bilinear_acc(acc_p, img + (y0 * W + x0) * C, img + (y0 * W + x1) * C,
                                               img + (y1 * W + x0) * C, img + (y1 * W + x1) * C,
                                               wy0 * wx0, wy0 * wx1, wy1 * wx0, wy1 * wx1, C)
+            out_k = &out[k, 0, 0, 0]
             for c in range(C):
                 for p in range(P):
                     if gy > 0 and gx > 0:
                         if sampler == SAMPLER_CAFFE2:
-                            out[k, c, p // PW, p % PW] = acc[p * C + c] / <floating>(gy * gx)
+                            out_k[c * P + p] = acc[p * Cs + c] / <floating>(gy * gx)
                         else:  # Paddle multiplies by the reciprocal, computed in double
-                            out[k, c, p // PW, p % PW] = acc[p * C + c] * <floating>(1.0 / <double>(gy * gx))
+                            out_k[c * P + p] = acc[p * Cs + c] * <floating>(1.0 / <double>(gy * gx))
                     elif empty_nan:
-                        out[k, c, p // PW, p % PW] = NAN  # Paddle: an empty sum times 1/0
+                        out_k[c * P + p] = NAN  # Paddle: an empty sum times 1/0
                     else:
-                        out[k, c, p // PW, p % PW] = 0
+                        out_k[c * P + p] = 0
 
 
 cdef inline void _scaled_add(floating* dst, const floating* g, floating w, floating count,
@@ -798,14 +805,19 @@ cdef inline void _scaled_add(floating* dst, const floating* g, floating w, float
 
 
 cdef floating[:, :, ::1] _to_pc(const floating[:, :, :, ::1] g, int n_threads):
-    """(K, C, PH, PW) -> C-contiguous (K, PH*PW, C)."""
-    cdef Py_ssize_t K = g.shape[0], C = g.shape[1], PH = g.shape[2], PW = g.shape[3], k, c, p
-    cdef floating[:, :, ::1] gt = np.empty((K, PH * PW, C), _dtype(<floating>0))
+    """(K, C, PH, PW) -> (K, PH*PW, C) with rows padded to _padded(C) (see there)."""
+    cdef Py_ssize_t K = g.shape[0], C = g.shape[1], P = g.shape[2] * g.shape[3], k, c, p
+    cdef Py_ssize_t Cs = _padded(C)
+    cdef floating[:, :, ::1] gt = np.empty((K, P, Cs), _dtype(<floating>0))
+    cdef const floating* src
+    cdef floating* dst
     with nogil:
         for k in prange(K, num_threads=n_threads, schedule="static"):
+            src = &g[k, 0, 0, 0]
+            dst = &gt[k, 0, 0]
             for c in range(C):
-                for p in range(PH * PW):
-                    gt[k, p, c] = g[k, c, p // PW, p % PW]
+                for p in range(P):
+                    dst[p * Cs + c] = src[c * P + p]
     return gt
 
 
