@@ -58,6 +58,25 @@ def expect_shape(arr, shape, name):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {arr.shape}")
 
 
+def out_buffer(out, shape, dtype, inputs, name="out"):
+    """A caller's output buffer to write into, or a fresh one when ``out`` is None.
+
+    Reusing a buffer saves the page faults of a fresh large allocation on every call.
+    """
+    if out is None:
+        return np.empty(shape, dtype)
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy array, got {type(out).__name__}")
+    if out.dtype != dtype or out.shape != tuple(shape):
+        raise ValueError(f"{name} must be a {np.dtype(dtype)} array of shape {tuple(shape)}, "
+                         f"got {out.dtype} {out.shape}")
+    if not (out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError(f"{name} must be C-contiguous and writeable")
+    if any(np.shares_memory(out, a) for a in inputs):
+        raise ValueError(f"{name} must not share memory with the inputs")
+    return out
+
+
 def pair(value, name):
     """An int or a pair of ints, each >= 1, as a (h, w) tuple."""
     items = value if isinstance(value, (tuple, list)) else (value, value)

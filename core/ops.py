@@ -21,6 +21,10 @@ convention : str or rules object
 n_threads : int or None
     OpenMP threads; see :func:`roicore.core.effective_n_threads`.  Results do not depend
     on it.
+out : ndarray, optional (forward functions)
+    A C-contiguous array of the output's shape and of x's dtype (float32 or float64) to
+    write the result into and return; reusing one across calls avoids the page faults of
+    a fresh large allocation.
 
 Backward functions return the gradient with respect to ``x`` for an upstream gradient of
 the forward output's shape; boxes receive no gradient (as in every framework here).
@@ -55,6 +59,12 @@ def _scale_for(rules, spatial_scale, dtype):
     with np.errstate(over="ignore", under="ignore"):
         held = float(held_type(spatial_scale))
     return V.held_scale(spatial_scale, held)
+
+
+def _output(out, shape, xc, out_dtype):
+    if out is not None and out_dtype == np.float16:
+        raise TypeError("out= is not supported for float16 input, which is computed in float32")
+    return V.out_buffer(out, shape, xc.dtype, (xc,))
 
 
 def _method(method):
@@ -93,7 +103,8 @@ def _argmax_dtype(rules, n_elements):
 
 
 def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, method="max",
-             convention=None, return_argmax=False, extrapolation_value=0.0, n_threads=None):
+             convention=None, return_argmax=False, extrapolation_value=0.0, n_threads=None,
+             out=None):
     """RoI pooling: max (Fast R-CNN) or bilinear (OpenVINO ROIPooling "bilinear").
 
     method="max" (default convention "mxnet"; also "paddle", "torchvision", "openvino"
@@ -135,7 +146,7 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, me
     coords, batch = V.boxes_and_batch(boxes, batch_indices, xc.shape[0], xc.dtype)
     threads = effective_n_threads(n_threads)
     N, C, H, W = xc.shape
-    out = np.empty((coords.shape[0], C, PH, PW), xc.dtype)
+    out = _output(out, (coords.shape[0], C, PH, PW), xc, out_dtype)
     if method == "max":
         scale = _scale_for(rules, spatial_scale, xc.dtype)
         V.coordinate_range(coords, scale, scale)
@@ -234,7 +245,7 @@ def _psroi_setup(output_size, group_size, C, output_channels, channels_of="x"):
 
 
 def psroi_pool(x, boxes, output_size, spatial_scale=1.0, *, output_channels=None, group_size=None,
-               batch_indices=None, convention="paddle", n_threads=None):
+               batch_indices=None, convention="paddle", n_threads=None, out=None):
     """Position-sensitive RoI average pooling (R-FCN), as Paddle psroi_pool / MXNet PSROIPooling.
 
     Box coordinates are rounded *before* scaling, the end gets ``+1`` before scaling, the
@@ -261,7 +272,7 @@ def psroi_pool(x, boxes, output_size, spatial_scale=1.0, *, output_channels=None
     coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype)
     scale = _scale_for(rules, spatial_scale, xc.dtype)
     V.coordinate_range(coords, scale, scale)
-    out = np.empty((coords.shape[0], D, PH, PW), xc.dtype)
+    out = _output(out, (coords.shape[0], D, PH, PW), xc, out_dtype)
     _kernels.psroi_pool_forward(xc, coords, batch, scale, GH, GW, out, effective_n_threads(n_threads))
     return out.astype(out_dtype, copy=False)
 
@@ -292,7 +303,7 @@ def _align_setup(convention, spatial_scale, sampling_ratio, aligned, op):
 
 
 def roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, aligned=False, *,
-              batch_indices=None, convention="mxnet", n_threads=None):
+              batch_indices=None, convention="mxnet", n_threads=None, out=None):
     """RoIAlign (Mask R-CNN): the average of bilinear samples on a regular grid per bin.
 
     The box is ``x*s - 0.5`` .. ``x2*s - 0.5`` when ``aligned`` (pixel centres), else
@@ -320,7 +331,7 @@ def roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, align
     scale = _scale_for(rules, spatial_scale, xc.dtype)
     V.coordinate_range(coords, scale, scale)
     V.adaptive_grid(coords, scale, (PH, PW), sampling_ratio)
-    out = np.empty((coords.shape[0], C, PH, PW), xc.dtype)
+    out = _output(out, (coords.shape[0], C, PH, PW), xc, out_dtype)
     _kernels.roi_align_forward(xc, coords, batch, scale, sampling_ratio, aligned,
                                _SAMPLER[rules.sampler], rules.empty_grid == "nan", out,
                                effective_n_threads(n_threads))

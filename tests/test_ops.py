@@ -378,3 +378,23 @@ def test_roi_pool_max_output_does_not_depend_on_return_argmax(convention):
         assert_same(am[:, :8], am_ref)
     assert_same(rc.roi_pool(x8, boxes, 7, 1 / 16, batch_indices=batch, convention=convention,
                             return_argmax=True)[1], am_ref)
+
+
+def test_out_buffer_is_written_and_returned():
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((2, 6, 12, 13)).astype(np.float32)
+    rois = np.array([[0, 1, 2, 9, 10], [1, 0, 0, 12, 11], [0, 5, 5, 6, 6]], np.float32)
+    ps_x = rng.standard_normal((2, 2 * 9, 12, 13)).astype(np.float32)
+    for fn, args, xin in [(rc.roi_pool, (3, 1.0), x), (rc.roi_align, (3, 1.0, 2), x),
+                          (rc.psroi_pool, (3, 1.0), ps_x)]:
+        want = fn(xin, rois, *args)
+        buf = np.full_like(want, np.nan)
+        assert fn(xin, rois, *args, out=buf) is buf
+        assert_same(buf, want)
+        with pytest.raises(ValueError, match="out must be a float32 array of shape"):
+            fn(xin, rois, *args, out=np.empty(want.shape, np.float64))
+        with pytest.raises(ValueError, match="C-contiguous and writeable"):
+            fn(xin, rois, *args, out=np.empty(want.shape[::-1], np.float32).T)
+    with pytest.raises(ValueError, match="share memory"):
+        rc.roi_pool(x.reshape(-1)[:2 * 6 * 9].reshape(2, 6, 3, 3), rois[:2], 3, 1.0,
+                    out=x.reshape(-1)[:2 * 6 * 9].reshape(2, 6, 3, 3))
