@@ -187,7 +187,8 @@ def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, bat
         if argmax is None:
             raise TypeError("roi_pool_backward(method='max') needs the argmax returned by "
                             "roi_pool(..., return_argmax=True)")
-        _kernels.roi_pool_max_backward(g, _checked_argmax(argmax, rules, g.shape, batch, shape),
+        _kernels.roi_pool_max_backward(g, _checked_argmax(argmax, rules, g.shape, batch, shape,
+                                                          threads),
                                        batch, rules.argmax == "global", dx, threads)
     else:
         if argmax is not None:
@@ -197,7 +198,7 @@ def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, bat
     return dx.astype(out_dtype, copy=False)
 
 
-def _checked_argmax(argmax, rules, expected_shape, batch, input_shape):
+def _checked_argmax(argmax, rules, expected_shape, batch, input_shape, n_threads):
     """An argmax from the forward, as a C-contiguous int32/int64 array whose every value is
     -1 or a pixel of its own (box, channel) plane in the convention's encoding; the backward
     kernel writes through these indices, so nothing else may pass."""
@@ -213,7 +214,7 @@ def _checked_argmax(argmax, rules, expected_shape, batch, input_shape):
         a = a.astype(np.int64)
     a = np.ascontiguousarray(a)
     if _kernels.check_argmax(a, batch, input_shape[2] * input_shape[3],
-                             rules.argmax == "global") >= 0:
+                             rules.argmax == "global", n_threads) >= 0:
         raise _argmax_error(rules, input_shape)
     return a
 
