@@ -528,15 +528,31 @@ cdef inline Py_ssize_t _group_of(floating p, Py_ssize_t G, Py_ssize_t P) noexcep
     return 0 if g < 0 else (G - 1 if g > G - 1 else g)
 
 
+cdef _group_ranges(Py_ssize_t G, Py_ssize_t P, floating witness):
+    """For each group cell g, the pooled cells p with _group_of(p) == g: [first[g], stop[g]).
+    The map is non-decreasing in p, so each group's cells are one contiguous range."""
+    first = np.full(G, P, np.intp)
+    stop = np.zeros(G, np.intp)
+    cdef Py_ssize_t p, g
+    for p in range(P):
+        g = _group_of(<floating>p, G, P)
+        first[g] = min(first[g], p)
+        stop[g] = max(stop[g], p + 1)
+    return first, stop
+
+
 def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), C_in = D*GH*GW
                        const floating[:, ::1] boxes,      # IN  (K, 4)
                        const int64_t[::1] batch,          # IN  (K,)
                        double spatial_scale, Py_ssize_t GH, Py_ssize_t GW,
                        floating[:, :, :, ::1] out,        # OUT (K, D, PH, PW)
                        int n_threads):
-    cdef Py_ssize_t K = boxes.shape[0], H = x.shape[2], W = x.shape[3]
+    """One input channel per task: its plane stays in cache while every box pools the
+    bins that read it (each output reads exactly one input channel, so tasks write
+    disjoint outputs).  Sums run h-outer, w-inner from 0, as the frameworks'."""
+    cdef Py_ssize_t K = boxes.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t D = out.shape[1], PH = out.shape[2], PW = out.shape[3]
-    cdef Py_ssize_t k, kd, d, ph, pw, h, w, cin
+    cdef Py_ssize_t k, cin, d, gh, gw, ph, pw, h, w
     cdef floating scale = <floating>spatial_scale
     cdef floating acc
     cdef const floating* plane
@@ -546,25 +562,29 @@ def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), 
     cdef int64_t[:, ::1] he = np.empty((K, PH), np.int64)
     cdef int64_t[:, ::1] ws = np.empty((K, PW), np.int64)
     cdef int64_t[:, ::1] we = np.empty((K, PW), np.int64)
+    row_first, row_stop = _group_ranges(GH, PH, scale)
+    col_first, col_stop = _group_ranges(GW, PW, scale)
+    cdef Py_ssize_t[::1] r0 = row_first, r1 = row_stop, q0 = col_first, q1 = col_stop
     with nogil:
         for k in prange(K, num_threads=n_threads, schedule="static"):
             _float_roi_bins(boxes[k, 1], boxes[k, 3], scale, PH, H, &hs[k, 0], &he[k, 0])
             _float_roi_bins(boxes[k, 0], boxes[k, 2], scale, PW, W, &ws[k, 0], &we[k, 0])
-        for kd in prange(K * D, num_threads=n_threads, schedule="guided"):
-            k = kd // D
-            d = kd % D
-            for ph in range(PH):
-                for pw in range(PW):
-                    if he[k, ph] <= hs[k, ph] or we[k, pw] <= ws[k, pw]:
-                        out[k, d, ph, pw] = 0
-                        continue
-                    cin = (d * GH + _group_of(<floating>ph, GH, PH)) * GW + _group_of(<floating>pw, GW, PW)
-                    plane = &x[batch[k], cin, 0, 0]
-                    acc = 0
-                    for h in range(hs[k, ph], he[k, ph]):
-                        for w in range(ws[k, pw], we[k, pw]):
-                            acc = acc + plane[h * W + w]
-                    out[k, d, ph, pw] = acc / <floating>((he[k, ph] - hs[k, ph]) * (we[k, pw] - ws[k, pw]))
+        for cin in prange(C, num_threads=n_threads, schedule="static"):
+            d = cin // (GH * GW)
+            gh = (cin % (GH * GW)) // GW
+            gw = cin % GW
+            for k in range(K):
+                plane = &x[batch[k], cin, 0, 0]
+                for ph in range(r0[gh], r1[gh]):
+                    for pw in range(q0[gw], q1[gw]):
+                        if he[k, ph] <= hs[k, ph] or we[k, pw] <= ws[k, pw]:
+                            out[k, d, ph, pw] = 0
+                            continue
+                        acc = 0
+                        for h in range(hs[k, ph], he[k, ph]):
+                            for w in range(ws[k, pw], we[k, pw]):
+                                acc = acc + plane[h * W + w]
+                        out[k, d, ph, pw] = acc / <floating>((he[k, ph] - hs[k, ph]) * (we[k, pw] - ws[k, pw]))
 
 
 def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, PH, PW)
@@ -573,6 +593,7 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
                         double spatial_scale, Py_ssize_t GH, Py_ssize_t GW,
                         floating[:, :, :, ::1] grad_input,         # OUT (N, C_in, H, W), zeroed
                         int n_threads):
+    """One input channel per task, in the serial (box, ph, pw) order within it."""
     cdef Py_ssize_t K = grad_output.shape[0], D = grad_output.shape[1]
     cdef Py_ssize_t PH = grad_output.shape[2], PW = grad_output.shape[3]
     cdef Py_ssize_t C = grad_input.shape[1], H = grad_input.shape[2], W = grad_input.shape[3]
@@ -586,22 +607,24 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
     cdef int64_t[:, ::1] he = np.empty((K, PH), np.int64)
     cdef int64_t[:, ::1] ws = np.empty((K, PW), np.int64)
     cdef int64_t[:, ::1] we = np.empty((K, PW), np.int64)
+    row_first, row_stop = _group_ranges(GH, PH, scale)
+    col_first, col_stop = _group_ranges(GW, PW, scale)
+    cdef Py_ssize_t[::1] r0 = row_first, r1 = row_stop, q0 = col_first, q1 = col_stop
     with nogil:
         for k in prange(K, num_threads=n_threads, schedule="static"):
             _float_roi_bins(boxes[k, 1], boxes[k, 3], scale, PH, H, &hs[k, 0], &he[k, 0])
             _float_roi_bins(boxes[k, 0], boxes[k, 2], scale, PW, W, &ws[k, 0], &we[k, 0])
-        # One thread per input channel; within it, the serial (k, d, ph, pw) order.
         for cin in prange(C, num_threads=n_threads, schedule="static"):
             d = cin // (GH * GW)
             gh = (cin % (GH * GW)) // GW
             gw = cin % GW
             for k in range(K):
                 plane = &grad_input[batch[k], cin, 0, 0]
-                for ph in range(PH):
-                    if _group_of(<floating>ph, GH, PH) != gh or he[k, ph] <= hs[k, ph]:
+                for ph in range(r0[gh], r1[gh]):
+                    if he[k, ph] <= hs[k, ph]:
                         continue
-                    for pw in range(PW):
-                        if _group_of(<floating>pw, GW, PW) != gw or we[k, pw] <= ws[k, pw]:
+                    for pw in range(q0[gw], q1[gw]):
+                        if we[k, pw] <= ws[k, pw]:
                             continue
                         diff = grad_output[k, d, ph, pw] / <floating>(
                             (he[k, ph] - hs[k, ph]) * (we[k, pw] - ws[k, pw]))
