@@ -103,8 +103,8 @@ def extensions():
 
 
 setup(
-    package_dir={"roicore.core": "core", "roicore.adapters": "adapters"},
-    packages=["roicore.core", "roicore.adapters"],
+    package_dir={"roicore.core": "core", "roicore.adapters": "adapters", "roicore.cli": "cli"},
+    packages=["roicore.core", "roicore.adapters", "roicore.cli"],
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExt},
 )

@@ -1,0 +1,4 @@
+"""``python -m roicore.cli parity|bench ...``"""
+from . import main
+
+raise SystemExit(main())

@@ -1,0 +1,271 @@
+"""``roicore bench``: roicore against the native RoI operators, interleaved rounds."""
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+
+from . import workloads as WL
+from ._proc import Worker, WorkerDied
+from ._report import FRAMEWORK_ALIASES, environment, log, parse_list, table, write_json
+
+FRAMEWORKS = ("paddle", "mxnet", "openvino", "onnxruntime", "tensorflow")
+OPS = ("roi_pool", "roi_align", "psroi_pool")
+DIRECTIONS = ("forward", "fwd+bwd")
+NATIVE = {
+    "paddle": "paddle.vision.ops roi_pool / roi_align / psroi_pool",
+    "mxnet": "mx.nd ROIPooling / contrib.ROIAlign / contrib.PSROIPooling",
+    "openvino": "CPU plugin ROIPooling / ROIAlign-9 / PSROIPooling, INFERENCE_PRECISION_HINT f32",
+    "onnxruntime": "CPUExecutionProvider MaxRoiPool / RoiAlign (opset 16)",
+    "tensorflow": "roi_pool approximation: crop_and_resize to 2P x 2P + 2x2 max-pool (NHWC)",
+}
+QUICK_SCALE = 0.03
+
+
+def _parallel(fn, items):
+    out, threads = {}, []
+    for it in items:
+        def target(it=it):
+            try:
+                out[it] = fn(it)
+            except WorkerDied as e:
+                out[it] = e
+        t = threading.Thread(target=target)
+        t.start()
+        threads.append(t)
+    for t in threads:
+        t.join()
+    return out
+
+
+def _ms(s):
+    return s * 1e3
+
+
+def _fmt_ms(ms):
+    return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
+
+
+def run(args):
+    t_start = time.monotonic()
+    frameworks = parse_list(args.frameworks, FRAMEWORKS, "framework", FRAMEWORK_ALIASES)
+    names = parse_list(args.workloads, tuple(WL.WORKLOADS), "workload")
+    ops = parse_list(args.ops, OPS, "operator")
+    directions = parse_list(args.directions, DIRECTIONS, "direction", {"backward": "fwd+bwd"})
+    scale = QUICK_SCALE if args.quick else args.scale
+    if not 0 < scale <= 1:
+        raise SystemExit("roicore bench: --scale must be in (0, 1]")
+    if args.repeats < 1:
+        raise SystemExit("roicore bench: --repeats must be >= 1")
+    env = environment()
+    threads = args.threads or env["cpus"]
+    if threads < 1:
+        raise SystemExit("roicore bench: --threads must be >= 1")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise SystemExit("roicore bench: --plot needs matplotlib (pip install matplotlib)")
+
+    log(f"bench: {threads} thread(s), {args.repeats} round(s), workloads {', '.join(names)}"
+        + (f", scale {scale:g}" if scale != 1 else ""))
+    workers, fw_info = {}, {}
+    all_names = ["roicore"] + frameworks
+
+    def start(name):
+        w = Worker("bench", name, threads=threads, quiet_progress=True)
+        return w, w.request(dict(cmd="init", threads=threads))
+
+    for name, res in _parallel(start, all_names).items():
+        if isinstance(res, Exception):
+            fw_info[name] = dict(status="failed", reason=str(res))
+            continue
+        w, init = res
+        if "version" in init:
+            workers[name] = w
+            fw_info[name] = dict(status="ran", version=init["version"])
+        else:
+            w.close()
+            fw_info[name] = dict(status="skipped" if "skipped" in init else "failed",
+                                 reason=init.get("skipped") or init.get("error"))
+            log(f"{name}: {fw_info[name]['status']} ({fw_info[name]['reason']})")
+    if "roicore" not in workers:
+        raise SystemExit(f"roicore bench: the roicore worker failed: {fw_info['roicore']['reason']}")
+    fw_info = {k: fw_info[k] for k in all_names}
+
+    rows, errors = [], []
+
+    def died(n, exc):
+        """A worker that dies (crash, out-of-memory kill) is reported; the others go on."""
+        w = workers.pop(n, None)
+        if w is not None:
+            w.close()
+        why = str(exc)
+        if "exit code -9" in why:
+            why += " (SIGKILL: out of memory?)"
+        fw_info[n].update(status="failed", reason=why)
+        log(f"{n}: worker died: {why.splitlines()[0]}")
+
+    try:
+        for wl in names:
+            wl_ops = [op for op in WL.OPS_FOR[WL.shape(wl)[6]] if op in ops]
+            if not wl_ops or "roicore" not in workers:
+                continue
+            log(f"{wl} ({WL.describe(wl, scale)}): loading and warming up {', '.join(wl_ops)}")
+            msg = dict(cmd="load", workload=wl, ops=wl_ops, directions=directions, scale=scale,
+                       seed=args.seed)
+            loaded = _parallel(lambda n: workers[n].request(msg), list(workers))
+            keys = []
+            for n, res in loaded.items():
+                if isinstance(res, Exception):
+                    died(n, res)
+                    continue
+                if "error" in res:
+                    errors.append(dict(framework=n, workload=wl, error=res["error"]))
+                    continue
+                for what, err in res["errors"].items():
+                    errors.append(dict(framework=n, workload=wl, what=what, error=err))
+                keys += [(n, tuple(k)) for k in res["contenders"]]
+            times = {k: [] for k in keys}
+            for r in range(args.repeats):
+                t0 = time.monotonic()
+                # each contender once per round; the order rotates so none always goes first
+                order = keys[r % len(keys):] + keys[:r % len(keys)] if keys else []
+                for n, key in order:
+                    if n not in workers:
+                        continue
+                    try:
+                        times[(n, key)].append(workers[n].request(dict(cmd="run", key=key))["seconds"])
+                    except WorkerDied as e:
+                        died(n, e)
+                log(f"{wl}: round {r + 1}/{args.repeats} ({time.monotonic() - t0:.1f} s)")
+            for n in list(workers):
+                try:
+                    peak = workers[n].request(dict(cmd="unload"))
+                except WorkerDied as e:
+                    died(n, e)
+                    continue
+                fw_info[n]["peak_rss_mb"] = round(max(fw_info[n].get("peak_rss_mb", 0),
+                                                      peak.get("peak_rss_mb", 0)), 1)
+            for (n, (op, direction, kind)), ts in times.items():
+                if not ts:
+                    continue
+                rows.append(dict(workload=wl, operator=op, direction=direction,
+                                 framework=n, kind=kind, median_ms=_ms(statistics.median(ts)),
+                                 times_ms=[_ms(t) for t in ts]))
+    finally:
+        for w in workers.values():
+            w.close()
+
+    # ratios: native / core and adapter / core
+    core = {(r["workload"], r["operator"], r["direction"]): r["median_ms"]
+            for r in rows if r["kind"] == "core"}
+    for r in rows:
+        c = core.get((r["workload"], r["operator"], r["direction"]))
+        if r["kind"] == "native" and c:
+            r["ratio"] = r["median_ms"] / c           # > 1: roicore is faster
+        elif r["kind"] == "adapter" and c:
+            r["overhead"] = r["median_ms"] / c
+    report = dict(command="bench", environment=env, threads=threads, repeats=args.repeats,
+                  scale=scale, workloads={wl: dict(zip(("N", "C", "H", "W", "R", "P", "kind",
+                                                        "spatial_scale"), WL.shape(wl, scale)))
+                                          for wl in names},
+                  frameworks=fw_info, results=rows, errors=errors,
+                  seconds=time.monotonic() - t_start)
+    print_report(report)
+    if args.json:
+        write_json(args.json, report)
+    if args.plot:
+        plot(report, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0 if all(i["status"] != "failed" for i in fw_info.values()) else 1
+
+
+def print_report(report):
+    env = report["environment"]
+    print(f"roicore {env['roicore']} bench: {env['cpu']}, {report['threads']} thread(s) for every "
+          f"contender, median of {report['repeats']} interleaved round(s)"
+          + (f", workloads scaled by {report['scale']:g}" if report["scale"] != 1 else ""))
+    vers = [f"{n} {i['version']}" for n, i in report["frameworks"].items() if i.get("version")]
+    print("versions: " + ", ".join(vers) + f", numpy {env['numpy']}, python {env['python']}")
+    for wl, s in report["workloads"].items():
+        print(f"  {wl}: {WL.describe(wl, report['scale'])}")
+    natives = [n for n, i in report["frameworks"].items() if n != "roicore" and i.get("version")]
+    by = {}
+    for r in report["results"]:
+        by.setdefault((r["workload"], r["operator"], r["direction"]), {})[(r["framework"], r["kind"])] = r
+    print()
+    print("native time / roicore.core time (> 1: roicore faster); milliseconds in brackets")
+    head = ["workload", "op", "direction", "roicore ms"] + natives
+    rows = []
+    for (wl, op, d), got in by.items():
+        c = got.get(("roicore", "core"))
+        row = [wl, op, d, _fmt_ms(c["median_ms"]) if c else "-"]
+        for n in natives:
+            r = got.get((n, "native"))
+            row.append(f"{r['ratio']:.1f}x ({_fmt_ms(r['median_ms'])})" if r and "ratio" in r else "-")
+        rows.append(row)
+    print(table(head, rows, "lllr" + "r" * len(natives)))
+    adapters = [n for n in natives if any(k == (n, "adapter") for g in by.values() for k in g)]
+    if adapters:
+        print()
+        print("adapter overhead: adapter time / roicore.core time")
+        rows = []
+        for (wl, op, d), got in by.items():
+            row = [wl, op, d]
+            for n in adapters:
+                r = got.get((n, "adapter"))
+                row.append(f"{r['overhead']:.2f} ({_fmt_ms(r['median_ms'])} ms)" if r and "overhead" in r else "-")
+            rows.append(row)
+        print(table(["workload", "op", "direction"] + adapters, rows, "lll" + "r" * len(adapters)))
+    print()
+    for n, i in report["frameworks"].items():
+        if n == "roicore":
+            continue
+        if i["status"] == "ran" or i.get("version"):
+            print(f"  {n}: {NATIVE[n]}")
+        if i["status"] != "ran":
+            print(f"  {n}: {i['status'].upper()}: {str(i['reason']).strip().splitlines()[0]}")
+    for e in report["errors"]:
+        print(f"  error: {e['framework']} {e['workload']} {e.get('what', '')}: {e['error'][:200]}")
+    print("  roi_align: sampling_ratio 2, aligned=True; fwd+bwd: forward recorded for autograd + "
+          "backward; roicore.core: conventions mxnet (roi_pool, roi_align), paddle (psroi_pool)")
+    rss = ", ".join(f"{n} {i['peak_rss_mb']:.0f} MB" for n, i in report["frameworks"].items()
+                    if i.get("peak_rss_mb"))
+    if rss:
+        print(f"  peak RSS per worker: {rss}")
+    print(f"({report['seconds']:.1f} s)")
+
+
+def plot(report, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [r for r in report["results"] if r["kind"] == "native" and "ratio" in r]
+    groups = sorted({(r["workload"], r["operator"], r["direction"]) for r in rows},
+                    key=lambda g: [r for r in report["results"]].index(
+                        next(r for r in report["results"]
+                             if (r["workload"], r["operator"], r["direction"]) == g)))
+    natives = sorted({r["framework"] for r in rows})
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(groups) + 2), 4.5))
+    width = 0.8 / max(1, len(natives))
+    for i, n in enumerate(natives):
+        vals = []
+        for g in groups:
+            r = next((r for r in rows if r["framework"] == n and
+                      (r["workload"], r["operator"], r["direction"]) == g), None)
+            vals.append(r["ratio"] if r else 0)
+        ax.bar([j + i * width for j in range(len(groups))], vals, width, label=n)
+    ax.axhline(1, color="k", lw=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))])
+    ax.set_xticklabels([f"{w}\n{o}\n{d}" for w, o, d in groups], fontsize=7)
+    ax.set_ylabel("native time / roicore time (log)")
+    env = report["environment"]
+    ax.set_title(f"roicore {env['roicore']} vs native ops, {report['threads']} thread(s), {env['cpu']}",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

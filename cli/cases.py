@@ -1,0 +1,269 @@
+"""The parity case suite, user inputs (``--inputs FILE.npz``) and the comparison rule.
+
+A case is a dict of framework-neutral NumPy data:
+
+    name, group        "golden" | "random" | "adversarial" | "inputs"
+    op                 "roi_pool" | "psroi_pool" | "roi_align" | "roi_pool_bilinear"
+    x                  (N, C, H, W) float64 (cast to the dtype under test)
+    rois               (K, 5) float64 rows [batch, x1, y1, x2, y2], grouped by batch;
+                       image pixels, except roi_pool_bilinear: normalised [0, 1] boxes
+    output_size        (PH, PW)
+    spatial_scale      float
+    sampling_ratio     int (roi_align)
+    aligned            bool (roi_align)
+    seed               seeds the upstream gradient of the backward pass
+    expected           golden cases only: the known forward output
+"""
+from __future__ import annotations
+
+import numpy as np
+
+OPS = ("roi_pool", "psroi_pool", "roi_align", "roi_pool_bilinear")
+
+# The conventions roicore.core can compute for each operator (roicore.core.conventions).
+CONVENTIONS = {
+    "roi_pool": ("mxnet", "paddle", "torchvision", "openvino", "openvino_cpu"),
+    "psroi_pool": ("mxnet", "paddle"),
+    "roi_align": ("mxnet", "torchvision", "paddle"),
+    "roi_pool_bilinear": ("tensorflow", "openvino", "openvino_cpu"),
+}
+
+
+def _case(name, group, op, x, rois, output_size, spatial_scale=1.0, sampling_ratio=-1,
+          aligned=False, seed=0, expected=None):
+    x = np.asarray(x, np.float64)
+    rois = np.asarray(rois, np.float64).reshape(-1, 5)
+    rois = rois[np.argsort(rois[:, 0], kind="stable")]  # grouped by image (Paddle's boxes_num)
+    ph, pw = (output_size, output_size) if np.ndim(output_size) == 0 else output_size
+    c = dict(name=name, group=group, op=op, x=x, rois=rois, output_size=(int(ph), int(pw)),
+             spatial_scale=float(spatial_scale), sampling_ratio=int(sampling_ratio),
+             aligned=bool(aligned), seed=int(seed))
+    if expected is not None:
+        c["expected"] = np.asarray(expected, np.float64)
+    return c
+
+
+# ----------------------------------------------------------------------------- golden
+def golden_cases():
+    """Published values (the oracle notes' 8x6 example and the R-FCN / RoIAlign examples)."""
+    x86 = np.arange(48.0).reshape(1, 1, 8, 6)
+    ps = np.arange(288.0).reshape(1, 8, 6, 6)
+    rois_a = [[0, 0, 0, 4, 4], [0, .5, 1.5, 3.7, 6.2]]
+    return [
+        _case("8x6_scale1", "golden", "roi_pool", x86, [[0, 0, 0, 4, 4]], 2, 1.0,
+              expected=[[[[14, 16], [26, 28]]]]),
+        _case("8x6_scale0.7", "golden", "roi_pool", x86, [[0, 0, 0, 4, 4]], 2, 0.7,
+              expected=[[[[7, 9], [19, 21]]]]),
+        _case("rfcn_D2_P2", "golden", "psroi_pool", ps, [[0, 0, 0, 3, 3], [0, 1, 1, 5, 4]], 2, 1.0,
+              expected=[[[[3.5, 41.5], [87.5, 125.5]], [[147.5, 185.5], [231.5, 269.5]]],
+                        [[[11, 49], [95, 133]], [[155, 193], [239, 277]]]]),
+        _case("8x6_sr2", "golden", "roi_align", x86, rois_a, 2, 1.0, 2, False,
+              expected=[[[[7, 9], [19, 21]]], [[[17.35, 18.95], [31.45, 33.05]]]]),
+        _case("8x6_sr2_aligned", "golden", "roi_align", x86, rois_a, 2, 1.0, 2, True,
+              expected=[[[[3.5, 5.5], [15.5, 17.5]]], [[[13.85, 15.45], [27.95, 29.55]]]]),
+        _case("8x6_corner_box", "golden", "roi_pool_bilinear", x86, [[0, 0, 0, 4 / 5, 4 / 7]], 2,
+              expected=[[[[0, 4], [24, 28]]]]),
+        _case("8x6_whole_map", "golden", "roi_pool_bilinear", x86, [[0, 0, 0, 1, 1]], 2,
+              expected=[[[[0, 5], [42, 47]]]]),
+    ]
+
+
+# ----------------------------------------------------------------------------- adversarial
+def adversarial_cases(op):
+    rng = np.random.default_rng(57)
+    out = []
+    if op == "roi_pool_bilinear":
+        x = rng.standard_normal((2, 3, 9, 13))
+        boxes = [[0, 0, 0, 1, 1], [1, 1, 1, 0, 0],             # whole map, flipped
+                 [0, -0.4, -0.3, 0.5, 0.6],                     # partly outside
+                 [1, 1.2, 1.1, 1.6, 1.5], [0, -0.9, -0.5, -0.2, -0.1],  # wholly outside
+                 [0, 0.3, 0.4, 0.3, 0.4],                       # zero size
+                 [1, 0.5, 0.5, 0.25, 0.75],                     # reversed in x
+                 [0, 0.125, 0.375, 0.625, 0.875]]               # exact binary fractions
+        for size in ((7, 7), (1, 1), (7, 5), (1, 4)):
+            out.append(_case(f"edge_boxes_{size[0]}x{size[1]}", "adversarial", op, x, boxes, size,
+                             seed=size[0] * 10 + size[1]))
+        x1 = rng.standard_normal((2, 2, 1, 6))                  # H == 1: (H-1) == 0
+        out.append(_case("height_1_map", "adversarial", op, x1, boxes, (3, 3), seed=3))
+        return out
+    ps = op == "psroi_pool"
+    # P=7 with RoI heights 57 and 29: float32/float64 bins floor(p*rh/P) go off by one.
+    x = rng.standard_normal((2, 2 * 49 if ps else 3, 64, 64))
+    base = []
+    base.append(("bins_P7_h57_h29", x, [[0, 0, 0, 56, 56], [0, 1, 1, 29, 29], [1, 3, 2, 30, 58],
+                                        [1, 0, 0, 63, 63]], 7, 1.0))
+    P = 2 if ps else 3
+    x = rng.standard_normal((2, 2 * P * P if ps else 3, 12, 10))
+    boxes = [[0, -5, -5, 3, 4],        # partly outside (top-left)
+             [0, 8, 9, 15, 20],        # partly outside (bottom-right)
+             [0, 20, 20, 30, 30],      # wholly outside
+             [1, -9, -9, -2, -3],      # wholly outside, negative
+             [1, 7, 8, 2, 3],          # reversed
+             [1, 4, 4, 4, 4],          # zero size
+             [1, 2.5, 3.5, 7.5, 9.5]]  # halves at scale 1
+    base.append(("outside_reversed_zero", x, boxes, P, 1.0))
+    for s, tag in ((0.7, "0.7"), (1 / 16, "1/16")):
+        k = rng.integers(-2, 12, (8, 4)).astype(np.float64)
+        halves = np.hstack([[[0]] * 5 + [[1]] * 3, (k + 0.5) / s])   # (k + .5) / s: exact halves
+        base.append((f"halves_scale_{tag}", x, halves, P if ps else (P, P + 1), s))
+    for i, (name, xx, b, size, s) in enumerate(base):
+        if op == "roi_align":
+            for aligned in (False, True):
+                for sr in (-1, 2):
+                    out.append(_case(f"{name}_aligned{int(aligned)}_sr{sr}", "adversarial", op, xx,
+                                     b, size, s, sr, aligned, seed=100 + i))
+        else:
+            out.append(_case(name, "adversarial", op, xx, b, size, s, seed=100 + i))
+    return out
+
+
+# ----------------------------------------------------------------------------- random
+def random_cases(op, n, seed):
+    """``n`` seeded random cases: random shapes, scales, boxes of every kind."""
+    out = []
+    for i in range(n):
+        rng = np.random.default_rng([seed, OPS.index(op), i])
+        N = int(rng.integers(1, 4))
+        H, W = (int(v) for v in rng.integers(1, 24, 2))
+        K = int(rng.integers(1, 14))
+        if op == "roi_pool_bilinear":
+            PH, PW = (int(v) for v in rng.integers(1, 8, 2))
+            C = int(rng.integers(1, 5))
+            b = rng.uniform(-0.4, 1.4, (K, 4))
+            b[: K // 3] = rng.uniform(0, 1, (K // 3, 4))
+            kind = rng.integers(0, 3, K)
+            b[kind == 1, 2:] = b[kind == 1, :2]                   # zero size
+            rois = np.hstack([rng.integers(0, N, (K, 1)), b])
+            out.append(_case(f"random_{i}", "random", op, rng.standard_normal((N, C, H, W)), rois,
+                             (PH, PW), seed=seed * 1000 + i))
+            continue
+        if op == "psroi_pool":
+            P = int(rng.integers(1, 5))
+            PH = PW = P
+            C = int(rng.integers(2, 4)) * P * P
+        else:
+            PH, PW = (int(v) for v in rng.integers(1, 8, 2))
+            C = int(rng.integers(1, 5))
+        s = float(rng.choice([1.0, 0.5, 0.7, 0.25, 1 / 16]))
+        lo = np.array([W, H]) / s
+        p1 = rng.uniform(-0.3, 1.1, (K, 2)) * lo
+        p2 = p1 + rng.uniform(-0.2, 0.8, (K, 2)) * lo            # some reversed
+        b = np.concatenate([p1, p2], 1)
+        kind = rng.integers(0, 4, K)
+        b[kind == 1] = np.round(b[kind == 1] * s * 2) / 2 / s   # exact halves of feature pixels
+        b[kind == 2, 2:] = b[kind == 2, :2]                      # zero size
+        b[kind == 3] = np.round(b[kind == 3])                    # integral
+        rois = np.hstack([rng.integers(0, N, (K, 1)), b])
+        sr, aligned = -1, False
+        if op == "roi_align":
+            sr, aligned = int(rng.choice([-1, 0, 1, 2, 3])), bool(rng.integers(2))
+        out.append(_case(f"random_{i}", "random", op, rng.standard_normal((N, C, H, W)), rois,
+                         (PH, PW), s, sr, aligned, seed=seed * 1000 + i))
+    return out
+
+
+def suite(ops, n_random, seed):
+    cases = [c for c in golden_cases() if c["op"] in ops]
+    for op in ops:
+        cases += adversarial_cases(op)
+        cases += random_cases(op, n_random, seed)
+    return cases
+
+
+# ----------------------------------------------------------------------------- user input
+INPUT_KEYS = """\
+--inputs FILE.npz keys (np.savez(FILE, x=..., rois=..., ...)):
+  x               (N, C, H, W) float32 or float64 feature map (required)
+  rois            (K, 5) rows [batch, x1, y1, x2, y2] in image pixels, or
+  boxes           (K, 4) rows [x1, y1, x2, y2] together with
+  batch_indices   (K,) integer image index of each box
+  spatial_scale   float, default 1.0 (feature size / image size)
+  output_size     int or (PH, PW), default 7
+  sampling_ratio  int, default -1 (roi_align; -1 or 0 = adaptive)
+  aligned         bool, default False (roi_align)
+  dy              optional upstream gradient for the backward pass, shape of the op's output
+                  (default: seeded random)
+Bilinear pooling (OpenVINO / TF crop_and_resize) gets the same boxes normalised to [0, 1]:
+x * spatial_scale / (W - 1), y * spatial_scale / (H - 1).  psroi_pool runs when C is a
+multiple of PH * PW (output channels C / (PH * PW))."""
+
+
+def load_inputs(path, ops):
+    """Cases (one per operator) from a user's saved feature map and boxes; notes for skips."""
+    z = np.load(path, allow_pickle=False)
+    keys = set(z.files)
+    if "x" not in keys:
+        raise ValueError(f"{path}: no 'x' array\n{INPUT_KEYS}")
+    x = np.asarray(z["x"])
+    if x.ndim != 4 or x.dtype.kind != "f":
+        raise ValueError(f"{path}: x must be a 4-D float array (N, C, H, W), got {x.dtype} {x.shape}")
+    if "rois" in keys:
+        rois = np.asarray(z["rois"], np.float64)
+        if rois.ndim != 2 or rois.shape[1] != 5:
+            raise ValueError(f"{path}: rois must have shape (K, 5), got {rois.shape}")
+    elif "boxes" in keys and "batch_indices" in keys:
+        boxes = np.asarray(z["boxes"], np.float64)
+        bi = np.asarray(z["batch_indices"]).reshape(-1)
+        if boxes.ndim != 2 or boxes.shape[1] != 4 or bi.shape[0] != boxes.shape[0]:
+            raise ValueError(f"{path}: boxes must be (K, 4) with batch_indices (K,), got "
+                             f"{boxes.shape} and {bi.shape}")
+        rois = np.hstack([bi.astype(np.float64)[:, None], boxes])
+    else:
+        raise ValueError(f"{path}: needs 'rois' (K, 5), or 'boxes' (K, 4) and 'batch_indices'\n"
+                         f"{INPUT_KEYS}")
+
+    def get(k, default):
+        return z[k].tolist() if k in keys else default
+
+    s = float(get("spatial_scale", 1.0))
+    size = get("output_size", 7)
+    size = (int(size), int(size)) if np.ndim(size) == 0 else (int(size[0]), int(size[1]))
+    sr = int(get("sampling_ratio", -1))
+    aligned = bool(get("aligned", False))
+    dtype = np.float32 if x.dtype == np.float16 else x.dtype.type
+    N, C, H, W = x.shape
+    order = np.argsort(rois[:, 0], kind="stable")
+    notes = []
+    if np.any(order != np.arange(len(order))):
+        notes.append("rois reordered by batch index (Paddle's boxes_num needs boxes grouped by image)")
+    cases = []
+    for op in ops:
+        if op == "psroi_pool" and C % (size[0] * size[1]):
+            notes.append(f"psroi_pool skipped: C={C} is not a multiple of {size[0]}x{size[1]}")
+            continue
+        r = rois
+        if op == "roi_pool_bilinear":
+            r = rois.copy()
+            r[:, [1, 3]] *= s / max(W - 1, 1)
+            r[:, [2, 4]] *= s / max(H - 1, 1)
+        c = _case("inputs", "inputs", op, x, r, size, s if op != "roi_pool_bilinear" else 1.0, sr,
+                  aligned, seed=0)
+        c["x"] = np.asarray(x, dtype)          # keep the user's dtype
+        if "dy" in keys:
+            c["dy"] = np.asarray(z["dy"])
+        cases.append(c)
+    meta = dict(file=str(path), x_shape=list(x.shape), dtype=np.dtype(dtype).name,
+                boxes=int(rois.shape[0]), output_size=list(size), spatial_scale=s,
+                sampling_ratio=sr, aligned=aligned, notes=notes)
+    return cases, meta
+
+
+# ----------------------------------------------------------------------------- comparison
+def compare(a, b):
+    """(elements, mismatching elements, max abs diff): bit-for-bit, NaN == NaN."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape:
+        return max(a.size, b.size), max(a.size, b.size), float("inf")
+    if a.size == 0:
+        return 0, 0, 0.0
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    both_nan = np.isnan(a64) & np.isnan(b64)
+    if a.dtype == b.dtype:
+        same = (a.view(f"u{a.itemsize}") == b.view(f"u{b.itemsize}")) | both_nan
+    else:
+        same = (a64 == b64) | both_nan
+    with np.errstate(invalid="ignore"):
+        d = np.abs(a64 - b64)
+    d[both_nan] = 0.0
+    d[np.isnan(d)] = np.inf                     # NaN on one side only
+    return int(a.size), int(np.count_nonzero(~same)), float(d.max())

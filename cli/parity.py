@@ -1,0 +1,355 @@
+"""``roicore parity``: roicore's adapters against each framework's own operators."""
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import numpy as np
+
+from . import cases as K
+from ._proc import Worker, WorkerDied
+from ._report import FRAMEWORK_ALIASES, environment, fmt_diff, log, parse_list, table, write_json
+
+FRAMEWORKS = ("paddle", "mxnet", "tensorflow", "openvino")
+NATIVE_OPS = {
+    "paddle": "paddle.vision.ops roi_pool / psroi_pool / roi_align vs roicore.adapters.paddle",
+    "mxnet": "mx.nd ROIPooling / contrib.PSROIPooling / contrib.ROIAlign vs roicore.adapters.mxnet",
+    "tensorflow": "tf.image.crop_and_resize vs roicore.adapters.tf roi_pool(method='bilinear')",
+    "openvino": "OpenVINO CPU ROIPooling (f32 hint) vs roicore.core convention 'openvino_cpu'",
+}
+DTYPES = ("float32", "float64")
+
+
+# ----------------------------------------------------------------------------- workers
+def _run_framework(fw, cases, dtypes, out):
+    t0 = time.monotonic()
+    w = Worker("parity", fw)
+    try:
+        init = w.request(dict(cmd="init", threads=None))
+        if "skipped" in init:
+            out[fw] = dict(status="skipped", reason=init["skipped"])
+            log(f"{fw}: skipped ({init['skipped']})")
+            return
+        if "error" in init:
+            out[fw] = dict(status="failed", reason=init["error"])
+            return
+        log(f"{fw} {init['version']}: running")
+        res = w.request(dict(cmd="parity", cases=cases, dtypes=dtypes))
+        if "error" in res:
+            out[fw] = dict(status="failed", version=init["version"],
+                           reason=res["error"] + "\n" + res.get("traceback", ""))
+            return
+        out[fw] = dict(status="ran", version=init["version"], results=res["results"],
+                       seconds=round(time.monotonic() - t0, 1))
+        log(f"{fw}: done in {time.monotonic() - t0:.1f} s")
+    except WorkerDied as e:
+        out[fw] = dict(status="failed", reason=str(e))
+        log(f"{fw}: FAILED: {str(e).splitlines()[0]}")
+    finally:
+        w.close()
+
+
+# ----------------------------------------------------------------------------- aggregation
+def _new_row(fw, op, dt):
+    return dict(framework=fw, operator=op, dtype=dt, cases=0, skipped=0, elements=0,
+                mismatches=0, max_abs_diff=0.0, grad_elements=None, grad_mismatches=None,
+                grad_max_abs_diff=None, native_errors=0, roicore_errors=0, both_errors=0,
+                mismatching_cases=[], notes=[], details=[])
+
+
+def _aggregate(fw, results, has_grad):
+    rows = {}
+    for r in results:
+        row = rows.setdefault((r["op"], r["dtype"]), _new_row(fw, r["op"], r["dtype"]))
+        for n in r.get("notes", []):
+            count, sep, why = n.partition(" box(es) not sent to the native op: ")
+            if sep:   # one note per reason, boxes summed over cases
+                row.setdefault("_dropped", {})
+                row["_dropped"][why] = row["_dropped"].get(why, 0) + int(count)
+            elif n not in row["notes"]:
+                row["notes"].append(n)
+        if "skipped" in r:
+            row["skipped"] += 1
+            if r["skipped"] not in row["notes"]:
+                row["notes"].append(r["skipped"])
+            continue
+        nat, mine = r["native"], r["roicore"]
+        if "error" in nat or "error" in mine:
+            if "error" in nat and "error" in mine:
+                row["both_errors"] += 1
+            elif "error" in nat:
+                row["native_errors"] += 1
+                row["notes"].append(f"{r['name']}: native raised {nat['error']}")
+            else:
+                row["roicore_errors"] += 1
+                row["mismatching_cases"].append(r["name"])
+                row["notes"].append(f"{r['name']}: roicore raised {mine['error']}")
+            continue
+        row["cases"] += 1
+        n, m, d = K.compare(mine["y"], nat["y"])
+        row["elements"] += n
+        row["mismatches"] += m
+        row["max_abs_diff"] = max(row["max_abs_diff"], d)
+        detail = dict(case=r["name"], native_shape=list(np.shape(nat["y"])),
+                      native_dtype=str(nat["y"].dtype), roicore_shape=list(np.shape(mine["y"])),
+                      roicore_dtype=str(mine["y"].dtype), mismatches=m, max_abs_diff=d)
+        if has_grad and nat.get("dx") is not None and mine.get("dx") is not None:
+            gn, gm, gd = K.compare(mine["dx"], nat["dx"])
+            row["grad_elements"] = (row["grad_elements"] or 0) + gn
+            row["grad_mismatches"] = (row["grad_mismatches"] or 0) + gm
+            row["grad_max_abs_diff"] = max(row["grad_max_abs_diff"] or 0.0, gd)
+            detail.update(grad_mismatches=gm, grad_max_abs_diff=gd)
+            m += gm
+        if m and r["name"] not in row["mismatching_cases"]:
+            row["mismatching_cases"].append(r["name"])
+        row["details"].append(detail)
+    for row in rows.values():
+        for why, count in row.pop("_dropped", {}).items():
+            row["notes"].append(f"{count} box(es) not sent to the native op: {why}")
+        row["bit_exact"] = (row["mismatches"] == 0 and not row["grad_mismatches"]
+                            and row["roicore_errors"] == 0)
+        row["ok"] = row["bit_exact"]
+        row["mismatching_cases"] = row["mismatching_cases"][:20]
+    return list(rows.values())
+
+
+# ----------------------------------------------------------------------------- roicore alone
+def _core_run(c, dt, conv):
+    """Forward and backward of roicore.core with one convention; (y, dx)."""
+    import roicore.core as rc
+    x = c["x"].astype(dt)
+    rois = c["rois"].astype(dt)
+    size, s = c["output_size"], c["spatial_scale"]
+    dy = np.random.default_rng(c["seed"]).standard_normal(
+        (rois.shape[0],) + ((x.shape[1] // (size[0] * size[1]),) if c["op"] == "psroi_pool"
+                            else (x.shape[1],)) + tuple(size)).astype(dt)
+    if c["op"] == "roi_pool":
+        y, am = rc.roi_pool(x, rois, size, s, convention=conv, return_argmax=True)
+        return y, rc.roi_pool_backward(dy, rois, x.shape, s, convention=conv, argmax=am)
+    if c["op"] == "roi_pool_bilinear":
+        y = rc.roi_pool(x, rois, size, s, method="bilinear", convention=conv)
+        return y, rc.roi_pool_backward(dy, rois, x.shape, s, method="bilinear", convention=conv)
+    if c["op"] == "psroi_pool":
+        y = rc.psroi_pool(x, rois, size, s, convention=conv)
+        return y, rc.psroi_pool_backward(dy, rois, x.shape, s, convention=conv)
+    sr, al = c["sampling_ratio"], c["aligned"]
+    y = rc.roi_align(x, rois, size, s, sr, al, convention=conv)
+    return y, rc.roi_align_backward(dy, rois, x.shape, s, sr, al, convention=conv)
+
+
+def conventions_table(cases, ops, dtypes):
+    rows = []
+    for op in ops:
+        op_cases = [c for c in cases if c["op"] == op]
+        if not op_cases:
+            continue
+        for dt in dtypes:
+            runs = {}
+            for conv in K.CONVENTIONS[op]:
+                runs[conv] = []
+                for c in op_cases:
+                    try:
+                        runs[conv].append(_core_run(c, dt, conv))
+                    except Exception as e:  # noqa: BLE001
+                        runs[conv].append(e)
+            for a, b in itertools.combinations(K.CONVENTIONS[op], 2):
+                row = dict(operator=op, dtype=dt, a=a, b=b, cases=0, elements=0, mismatches=0,
+                           max_abs_diff=0.0, grad_mismatches=0, grad_max_abs_diff=0.0,
+                           differing_cases=[], errors=0)
+                for c, ra, rb in zip(op_cases, runs[a], runs[b]):
+                    if isinstance(ra, Exception) or isinstance(rb, Exception):
+                        row["errors"] += 1
+                        continue
+                    row["cases"] += 1
+                    n, m, d = K.compare(ra[0], rb[0])
+                    _, gm, gd = K.compare(ra[1], rb[1])
+                    row["elements"] += n
+                    row["mismatches"] += m
+                    row["max_abs_diff"] = max(row["max_abs_diff"], d)
+                    row["grad_mismatches"] += gm
+                    row["grad_max_abs_diff"] = max(row["grad_max_abs_diff"], gd)
+                    if m or gm:
+                        row["differing_cases"].append(c["name"])
+                rows.append(row)
+    return rows
+
+
+def golden_check(cases, dtypes):
+    """roicore.core against the published values, every convention of the operator."""
+    out = []
+    for c in cases:
+        if "expected" not in c:
+            continue
+        for conv in K.CONVENTIONS[c["op"]]:
+            for dt in dtypes:
+                y, _ = _core_run(c, dt, conv)
+                ok = y.shape == c["expected"].shape and np.allclose(y, c["expected"], atol=1e-4)
+                out.append(dict(case=c["name"], operator=c["op"], convention=conv, dtype=dt, ok=bool(ok)))
+    return out
+
+
+# ----------------------------------------------------------------------------- printing
+def _frac(m, n):
+    return "-" if n is None else f"{m}/{n}"
+
+
+def print_report(report, inputs_mode):
+    print(f"roicore {report['environment']['roicore']} parity: adapters vs native operators, "
+          "bit for bit")
+    if inputs_mode:
+        i = report["inputs"]
+        print(f"inputs: {i['file']}  x {tuple(i['x_shape'])} {i['dtype']}, {i['boxes']} boxes, "
+              f"output_size {tuple(i['output_size'])}, spatial_scale {i['spatial_scale']:g}, "
+              f"sampling_ratio {i['sampling_ratio']}, aligned {i['aligned']}")
+        for n in i["notes"]:
+            print(f"  note: {n}")
+    else:
+        s = report["suite"]
+        print(f"cases: {s['golden']} golden, {s['adversarial']} adversarial, {s['random']} random "
+              f"(seed {s['seed']}); each run in every dtype the adapter claims")
+    print()
+    rows = []
+    for r in report["results"]:
+        verdict = "bit-exact" if r["bit_exact"] else "MISMATCH"
+        if r["cases"] == 0:
+            verdict = "not run"
+        ncases = str(r["cases"]) + (f"+{r['skipped']}s" if r["skipped"] else "")
+        row = [r["operator"], r["framework"], r["dtype"], ncases]
+        if inputs_mode and r["details"]:
+            d = r["details"][0]
+            row += ["x".join(map(str, d["native_shape"])) + " " + d["native_dtype"],
+                    "x".join(map(str, d["roicore_shape"])) + " " + d["roicore_dtype"]]
+        elif inputs_mode:
+            row += ["-", "-"]
+        row += [fmt_diff(r["max_abs_diff"]), _frac(r["mismatches"], r["elements"]),
+                fmt_diff(r["grad_max_abs_diff"]), _frac(r["grad_mismatches"], r["grad_elements"]),
+                verdict]
+        rows.append(row)
+    head = ["operator", "framework", "dtype", "cases"]
+    if inputs_mode:
+        head += ["native output", "roicore output"]
+    head += ["max|diff|", "mismatching", "grad max|diff|", "grad mismatching", "verdict"]
+    if rows:
+        print(table(head, rows, "llll" + ("ll" if inputs_mode else "") + "rrrrl"))
+    else:
+        print("(no framework ran)")
+    for r in report["results"]:
+        if r["mismatching_cases"]:
+            print(f"  {r['framework']} {r['operator']} {r['dtype']}: departs on "
+                  f"{', '.join(r['mismatching_cases'][:8])}")
+    notes = [(r, n) for r in report["results"] for n in r["notes"]]
+    if notes:
+        print("notes:")
+        seen = set()
+        for r, n in notes:
+            key = (r["framework"], r["operator"], n)
+            if key in seen:
+                continue
+            seen.add(key)
+            print(f"  {r['framework']} {r['operator']} {r['dtype']}: {n}")
+    fw = report["frameworks"]
+    print()
+    for name, info in fw.items():
+        if info["status"] == "ran":
+            print(f"  {name} {info['version']}: {NATIVE_OPS[name]}")
+        else:
+            reason = info["reason"].strip().splitlines()
+            print(f"  {name}: {info['status'].upper()}: {reason[0] if reason else ''}")
+            for extra in reason[1:6] if info["status"] == "failed" else []:
+                print(f"      {extra}")
+    if report.get("golden"):
+        g = report["golden"]
+        bad = [x for x in g if not x["ok"]]
+        print(f"  golden values (roicore.core, every convention, float32 and float64): "
+              f"{len(g) - len(bad)}/{len(g)} match"
+              + ("" if not bad else "; WRONG: " + ", ".join(
+                  f"{x['case']}/{x['convention']}/{x['dtype']}" for x in bad[:6])))
+
+    conv = report["conventions"]
+    if conv:
+        print()
+        print("conventions compared on the same inputs (roicore.core alone; mismatching "
+              "elements / compared, max|diff|)")
+        by = {}
+        for r in conv:
+            by.setdefault((r["operator"], r["a"], r["b"]), {})[r["dtype"]] = r
+        dts = sorted({r["dtype"] for r in conv})
+        rows = []
+        for (op, a, b), d in by.items():
+            row = [op, f"{a} vs {b}"]
+            for dt in dts:
+                r = d.get(dt)
+                if r is None:
+                    row += ["-", "-", "-"]
+                    continue
+                row += [_frac(r["mismatches"], r["elements"]), fmt_diff(r["max_abs_diff"]),
+                        str(r["grad_mismatches"])]
+            rows.append(row)
+        head = ["operator", "conventions"]
+        for dt in dts:
+            short = dt.replace("float", "f")
+            head += [f"{short} out", f"{short} max|diff|", f"{short} grad"]
+        print(table(head, rows, "ll" + "rrr" * len(dts)))
+        print("(out/grad: mismatching output/gradient elements; max|diff| inf: NaN on one side only)")
+    print()
+    print(f"result: {'OK, every adapter is bit-identical to its native op' if report['ok'] else 'FAILED'}"
+          f" ({report['seconds']:.1f} s)")
+
+
+# ----------------------------------------------------------------------------- entry
+def run(args):
+    t0 = time.monotonic()
+    frameworks = parse_list(args.frameworks, FRAMEWORKS, "framework", FRAMEWORK_ALIASES)
+    ops = parse_list(args.ops, K.OPS, "operator", {"bilinear": "roi_pool_bilinear"})
+    dtypes = parse_list(args.dtypes, DTYPES, "dtype")
+    inputs_mode = args.inputs is not None
+    if inputs_mode:
+        try:
+            cases, inputs = K.load_inputs(args.inputs, ops)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"roicore parity: {e}")
+        dtypes = [inputs["dtype"]]
+    else:
+        if args.cases < 0:
+            raise SystemExit("roicore parity: --cases must be >= 0")
+        cases = K.suite(ops, args.cases, args.seed)
+    log(f"parity: {len(cases)} cases x {len(dtypes)} dtype(s); frameworks {', '.join(frameworks)} "
+        "(one worker process each)")
+
+    results = {}
+    threads = [threading.Thread(target=_run_framework, args=(fw, cases, dtypes, results))
+               for fw in frameworks]
+    for t in threads:
+        t.start()
+    # roicore-only parts while the workers run
+    conv = [] if args.no_conventions else conventions_table(cases, ops, dtypes)
+    golden = [] if inputs_mode else golden_check(cases, dtypes)
+    for t in threads:
+        t.join()
+
+    rows, fw_info = [], {}
+    for fw in frameworks:
+        info = results.get(fw, dict(status="failed", reason="no result"))
+        fw_info[fw] = {k: v for k, v in info.items() if k != "results"}
+        if info["status"] == "ran":
+            has_grad = fw != "openvino"
+            rows += _aggregate(fw, info["results"], has_grad)
+    order = {op: i for i, op in enumerate(K.OPS)}
+    rows.sort(key=lambda r: (order[r["operator"]], frameworks.index(r["framework"]), r["dtype"]))
+    ok = (all(r["ok"] for r in rows) and all(i["status"] != "failed" for i in fw_info.values())
+          and all(g["ok"] for g in golden))
+    report = dict(command="parity", ok=ok, seconds=time.monotonic() - t0,
+                  environment=environment(), frameworks=fw_info, results=rows,
+                  conventions=conv, golden=golden)
+    if inputs_mode:
+        report["inputs"] = inputs
+    else:
+        report["suite"] = dict(seed=args.seed, random=args.cases * len(ops),
+                               golden=sum(c["group"] == "golden" for c in cases),
+                               adversarial=sum(c["group"] == "adversarial" for c in cases),
+                               total=len(cases), dtypes=dtypes, operators=ops)
+    print_report(report, inputs_mode)
+    if args.json:
+        write_json(args.json, report)
+    return 0 if ok else 1

@@ -1,0 +1,48 @@
+"""Standard RoI workloads: shapes of real detection heads, with random boxes of plausible sizes.
+
+roicore's own copy of the shared benchmark definitions (/work/shared/bench/workloads.py in
+the development tree, the file the native framework timings in the oracle notes were
+measured with), so that ``roicore bench`` figures are comparable with them.  Added here:
+``scale`` (shrinks boxes and channels for quick CI runs) and ``describe``.
+"""
+import numpy as np
+
+# name: (N, C, H, W, R, P, op, spatial_scale)
+WORKLOADS = {
+    "fastrcnn_vgg16":  (1, 512, 38, 50, 2000, 7, "roi", 1 / 16),   # test-time proposals
+    "train_b2":        (2, 512, 38, 50, 512, 7, "roi", 1 / 16),    # training minibatch
+    "rfcn_psroi":      (1, 21 * 49, 38, 50, 300, 7, "ps", 1 / 16), # R-FCN position-sensitive
+    "c4_14x14":        (1, 1024, 64, 64, 1000, 14, "roi", 1 / 16), # ResNet C4 head
+}
+
+# The operators timed on each kind of workload.
+OPS_FOR = {"roi": ("roi_pool", "roi_align"), "ps": ("psroi_pool",)}
+
+
+def shape(name, scale=1.0):
+    """(N, C, H, W, R, P, op, spatial_scale), channels and boxes multiplied by ``scale``."""
+    N, C, H, W, R, P, op, s = WORKLOADS[name]
+    if scale != 1.0:
+        if op == "ps":
+            C = max(2, round(C // (P * P) * scale)) * P * P
+        else:
+            C = max(1, round(C * scale))
+        R = max(N, round(R * scale) // N * N)
+    return N, C, H, W, R, P, op, s
+
+
+def describe(name, scale=1.0):
+    N, C, H, W, R, P, op, s = shape(name, scale)
+    return f"x {N}x{C}x{H}x{W}, {R} boxes, {P}x{P}, scale 1/{round(1 / s)}"
+
+
+def make(name, seed=0, scale=1.0):
+    N, C, H, W, R, P, op, s = shape(name, scale)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((N, C, H, W)).astype("float32")
+    img_h, img_w = H / s, W / s
+    x1 = rng.uniform(0, img_w * 0.9, R); y1 = rng.uniform(0, img_h * 0.9, R)
+    w = rng.uniform(16, img_w * 0.5, R); h = rng.uniform(16, img_h * 0.5, R)
+    boxes = np.stack([x1, y1, np.minimum(x1 + w, img_w - 1), np.minimum(y1 + h, img_h - 1)], 1).astype("float32")
+    batch = np.repeat(np.arange(N), R // N).astype("int32")
+    return x, boxes, batch, P, s, op
