@@ -528,6 +528,21 @@ cdef inline Py_ssize_t _group_of(floating p, Py_ssize_t G, Py_ssize_t P) noexcep
     return 0 if g < 0 else (G - 1 if g > G - 1 else g)
 
 
+cdef tuple _float_roi_bin_tables(const floating[:, ::1] boxes, floating scale, Py_ssize_t PH,
+                                 Py_ssize_t PW, Py_ssize_t H, Py_ssize_t W, int n_threads):
+    """(hs, he, ws, we): every box's R-FCN bin edges, rows (K, PH) and columns (K, PW)."""
+    cdef Py_ssize_t K = boxes.shape[0], k
+    cdef int64_t[:, ::1] hs = np.empty((K, PH), np.int64)
+    cdef int64_t[:, ::1] he = np.empty((K, PH), np.int64)
+    cdef int64_t[:, ::1] ws = np.empty((K, PW), np.int64)
+    cdef int64_t[:, ::1] we = np.empty((K, PW), np.int64)
+    with nogil:
+        for k in prange(K, num_threads=n_threads, schedule="static"):
+            _float_roi_bins(boxes[k, 1], boxes[k, 3], scale, PH, H, &hs[k, 0], &he[k, 0])
+            _float_roi_bins(boxes[k, 0], boxes[k, 2], scale, PW, W, &ws[k, 0], &we[k, 0])
+    return hs.base, he.base, ws.base, we.base
+
+
 cdef _group_ranges(Py_ssize_t G, Py_ssize_t P, floating witness):
     """For each group cell g, the pooled cells p with _group_of(p) == g: [first[g], stop[g]).
     The map is non-decreasing in p, so each group's cells are one contiguous range."""
@@ -558,17 +573,12 @@ def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), 
     cdef const floating* plane
     if K == 0 or D == 0:
         return
-    cdef int64_t[:, ::1] hs = np.empty((K, PH), np.int64)
-    cdef int64_t[:, ::1] he = np.empty((K, PH), np.int64)
-    cdef int64_t[:, ::1] ws = np.empty((K, PW), np.int64)
-    cdef int64_t[:, ::1] we = np.empty((K, PW), np.int64)
+    bins = _float_roi_bin_tables(boxes, scale, PH, PW, H, W, n_threads)
+    cdef int64_t[:, ::1] hs = bins[0], he = bins[1], ws = bins[2], we = bins[3]
     row_first, row_stop = _group_ranges(GH, PH, scale)
     col_first, col_stop = _group_ranges(GW, PW, scale)
     cdef Py_ssize_t[::1] r0 = row_first, r1 = row_stop, q0 = col_first, q1 = col_stop
     with nogil:
-        for k in prange(K, num_threads=n_threads, schedule="static"):
-            _float_roi_bins(boxes[k, 1], boxes[k, 3], scale, PH, H, &hs[k, 0], &he[k, 0])
-            _float_roi_bins(boxes[k, 0], boxes[k, 2], scale, PW, W, &ws[k, 0], &we[k, 0])
         for cin in prange(C, num_threads=n_threads, schedule="static"):
             d = cin // (GH * GW)
             gh = (cin % (GH * GW)) // GW
@@ -603,17 +613,12 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
     cdef floating* plane
     if K == 0 or D == 0:
         return
-    cdef int64_t[:, ::1] hs = np.empty((K, PH), np.int64)
-    cdef int64_t[:, ::1] he = np.empty((K, PH), np.int64)
-    cdef int64_t[:, ::1] ws = np.empty((K, PW), np.int64)
-    cdef int64_t[:, ::1] we = np.empty((K, PW), np.int64)
+    bins = _float_roi_bin_tables(boxes, scale, PH, PW, H, W, n_threads)
+    cdef int64_t[:, ::1] hs = bins[0], he = bins[1], ws = bins[2], we = bins[3]
     row_first, row_stop = _group_ranges(GH, PH, scale)
     col_first, col_stop = _group_ranges(GW, PW, scale)
     cdef Py_ssize_t[::1] r0 = row_first, r1 = row_stop, q0 = col_first, q1 = col_stop
     with nogil:
-        for k in prange(K, num_threads=n_threads, schedule="static"):
-            _float_roi_bins(boxes[k, 1], boxes[k, 3], scale, PH, H, &hs[k, 0], &he[k, 0])
-            _float_roi_bins(boxes[k, 0], boxes[k, 2], scale, PW, W, &ws[k, 0], &we[k, 0])
         for cin in prange(C, num_threads=n_threads, schedule="static"):
             d = cin // (GH * GW)
             gh = (cin % (GH * GW)) // GW
