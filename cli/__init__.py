@@ -8,7 +8,9 @@ compares roicore's conventions with one another on the same inputs, which shows 
 frameworks disagree among themselves.
 
 ``roicore bench`` times roicore against the native operators on standard detection
-workloads, interleaved, with the same thread count for every contender.
+workloads, interleaved, with the same thread count for every contender, and reports
+roicore.core's peak memory beyond its inputs and outputs.  ``roicore bench --scaling``
+times roicore.core alone at 1 and N threads (speedup, ns per output element, memory).
 
 Importing this package imports no framework (nor NumPy).
 """
@@ -61,7 +63,8 @@ def _parser():
                     "median of --repeats rounds, the same thread count for every contender.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="ratio = native time / roicore.core time (> 1: roicore is faster); "
-               "adapter overhead = adapter time / roicore.core time.")
+               "adapter overhead = adapter time / roicore.core time; extra MB = roicore.core's "
+               "tracemalloc peak during one untimed call minus its outputs.")
     pb.add_argument("--workloads", metavar="LIST",
                     help="comma-separated: fastrcnn_vgg16,train_b2,rfcn_psroi,c4_14x14 (default: all)")
     pb.add_argument("--ops", metavar="LIST",
@@ -82,6 +85,10 @@ def _parser():
     pb.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
     pb.add_argument("--json", metavar="FILE", help="also write a machine-readable report ('-': stdout)")
     pb.add_argument("--plot", metavar="FILE.png", help="draw the ratios (needs matplotlib)")
+    pb.add_argument("--scaling", action="store_true",
+                    help="time roicore.core alone at 1 thread and at --threads N (default: the "
+                         "CPUs available), interleaved; print speedup, ns per output element and "
+                         "peak memory beyond inputs and outputs (no framework needed)")
     return p
 
 

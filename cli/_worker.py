@@ -270,11 +270,38 @@ def _timer(fn, sync=None):
 
 
 class BenchRunner:
-    """``contenders(w)`` -> {(op, direction, kind): callable} for workload data ``w``."""
+    """``contenders(w)`` -> {(direction, kind): callable} for workload data ``w``."""
     name = "?"
 
     def contenders(self, w):
         raise NotImplementedError
+
+
+def traced_peak(fn, *args):
+    """``(fn(*args), peak)``: the most bytes tracemalloc saw allocated at once during the call.
+
+    Only allocations made during the call are traced (tracing starts just before it and
+    stops just after), so the inputs, and anything allocated earlier and still alive, are
+    not counted.  NumPy reports its data buffers to tracemalloc; so does Python for its
+    objects.  Memory taken by C code through plain malloc (e.g. OpenMP's thread pool and
+    thread stacks) is not seen.
+    """
+    import gc
+    import tracemalloc
+    if tracemalloc.is_tracing():
+        raise RuntimeError("traced_peak needs tracemalloc off (it starts and stops it)")
+    gc.collect()
+    tracemalloc.start()
+    try:
+        result = fn(*args)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return result, peak
+
+
+def nbytes(*arrays):
+    return int(sum(a.nbytes for a in arrays if a is not None))
 
 
 class RoicoreBench(BenchRunner):
@@ -285,37 +312,76 @@ class RoicoreBench(BenchRunner):
         self.rc, self.n = rc, threads
         self.version = rc.__version__
 
-    def contenders(self, w):
-        rc, n = self.rc, self.n
+    def passes(self, w, n):
+        """``(forward, forward_saving, backward)`` for ``w["op"]`` at ``n`` threads.
+
+        ``forward()`` -> y; ``forward_saving()`` -> the tuple of forward outputs the
+        backward needs (y, plus argmax for max pooling); ``backward(saved)`` -> dx.  The
+        timed fwd+bwd and its memory measurement run exactly these calls.
+        """
+        rc = self.rc
         x, boxes, bi, P, s, op = w["x"], w["boxes"], w["batch"], w["P"], w["scale"], w["op"]
         dy = w["dy"]
-        out = {}
         if op == "roi_pool":
-            out[("forward", "core")] = lambda: rc.roi_pool(x, boxes, P, s, batch_indices=bi,
-                                                          convention="mxnet", n_threads=n)
+            def fwd():
+                return rc.roi_pool(x, boxes, P, s, batch_indices=bi, convention="mxnet",
+                                   n_threads=n)
 
-            def fb():
-                y, am = rc.roi_pool(x, boxes, P, s, batch_indices=bi, convention="mxnet",
-                                    return_argmax=True, n_threads=n)
+            def fwd_saving():
+                return rc.roi_pool(x, boxes, P, s, batch_indices=bi, convention="mxnet",
+                                   return_argmax=True, n_threads=n)
+
+            def bwd(saved):
                 return rc.roi_pool_backward(dy, boxes, x.shape, s, batch_indices=bi,
-                                            convention="mxnet", argmax=am, n_threads=n)
+                                            convention="mxnet", argmax=saved[1], n_threads=n)
         elif op == "roi_align":
-            out[("forward", "core")] = lambda: rc.roi_align(x, boxes, P, s, 2, True,
-                                                           batch_indices=bi, n_threads=n)
+            def fwd():
+                return rc.roi_align(x, boxes, P, s, 2, True, batch_indices=bi, n_threads=n)
 
-            def fb():
-                rc.roi_align(x, boxes, P, s, 2, True, batch_indices=bi, n_threads=n)
+            def fwd_saving():
+                return (fwd(),)
+
+            def bwd(saved):
                 return rc.roi_align_backward(dy, boxes, x.shape, s, 2, True, batch_indices=bi,
                                              n_threads=n)
         else:
-            out[("forward", "core")] = lambda: rc.psroi_pool(x, boxes, P, s, batch_indices=bi,
-                                                            n_threads=n)
+            def fwd():
+                return rc.psroi_pool(x, boxes, P, s, batch_indices=bi, n_threads=n)
 
-            def fb():
-                rc.psroi_pool(x, boxes, P, s, batch_indices=bi, n_threads=n)
+            def fwd_saving():
+                return (fwd(),)
+
+            def bwd(saved):
                 return rc.psroi_pool_backward(dy, boxes, x.shape, s, batch_indices=bi, n_threads=n)
-        out[("fwd+bwd", "core")] = fb
-        return {k: _timer(v) for k, v in out.items()}
+        return fwd, fwd_saving, bwd
+
+    def contenders(self, w, n=None):
+        fwd, fwd_saving, bwd = self.passes(w, n or self.n)
+        return {("forward", "core"): _timer(fwd),
+                ("fwd+bwd", "core"): _timer(lambda: bwd(fwd_saving()))}
+
+    def memory(self, w, direction, n=None):
+        """Peak memory of one untimed call beyond its inputs and outputs (bytes).
+
+        forward: the tracemalloc peak during the call minus the bytes of y.
+        fwd+bwd: the forward (with what the backward needs: y, and argmax for roi_pool) and
+        the backward are traced one after the other, the forward's outputs held through
+        the backward as autograd holds them.  ``extra`` is the larger of (forward peak -
+        y - argmax) and (backward peak - dx): the scratch either pass needs beyond its own
+        inputs and outputs.  ``peak`` is the high-water mark of the whole sequence,
+        outputs included: max(forward peak, y + argmax + backward peak).
+        """
+        fwd, fwd_saving, bwd = self.passes(w, n or self.n)
+        if direction == "forward":
+            y, peak = traced_peak(fwd)
+            out = nbytes(y)
+            return dict(peak=peak, outputs=out, extra=peak - out)
+        saved, peak_f = traced_peak(fwd_saving)
+        dx, peak_b = traced_peak(bwd, saved)
+        held, grad = nbytes(*saved), nbytes(dx)
+        return dict(peak=max(peak_f, held + peak_b), outputs=held + grad,
+                    extra=max(peak_f - held, peak_b - grad),
+                    forward_extra=peak_f - held, backward_extra=peak_b - grad)
 
 
 class PaddleBench(BenchRunner):
@@ -551,36 +617,54 @@ BENCH = {"roicore": RoicoreBench, "paddle": PaddleBench, "mxnet": MXNetBench,
 
 
 class BenchState:
-    def __init__(self, runner):
-        self.runner = runner
+    def __init__(self, runner, threads):
+        self.runner, self.threads = runner, threads
         self.calls = {}
 
     def load(self, msg):
+        """Build, warm up and (roicore.core only) memory-profile the contenders of a workload.
+
+        Contender keys are ``(op, direction, kind, threads)``.  ``thread_counts`` (roicore
+        only) builds the core contenders once per thread count; the others run at the
+        worker's thread count.  The memory figures come from one extra untimed call made
+        here, before any timed round, so they do not disturb the timings.
+        """
         from . import workloads
         self.calls = {}
         x, boxes, batch, P, s, _ = workloads.make(msg["workload"], seed=msg.get("seed", 0),
                                                   scale=msg.get("scale", 1.0))
-        errors = {}
+        counts = msg.get("thread_counts") or [self.threads]
+        if len(counts) > 1 and not isinstance(self.runner, RoicoreBench):
+            raise ValueError("thread_counts is for the roicore worker only")
+        errors, memory = {}, {}
         for op in msg["ops"]:
             K, C = boxes.shape[0], x.shape[1]
             D = C // (P * P) if op == "psroi_pool" else C
             dy = np.random.default_rng(1).standard_normal((K, D, P, P)).astype(np.float32)
             w = dict(x=x, boxes=boxes, batch=batch, P=P, scale=s, op=op, dy=dy)
-            try:
-                calls = self.runner.contenders(w)
-            except Exception as e:
-                errors[op] = error_text(e)
-                continue
-            for (direction, kind), fn in calls.items():
-                if direction not in msg["directions"]:
-                    continue
+            for n in counts:
                 try:
-                    fn()                                   # warm-up (and check it runs)
+                    calls = (self.runner.contenders(w, n) if isinstance(self.runner, RoicoreBench)
+                             else self.runner.contenders(w))
                 except Exception as e:
-                    errors[f"{op}/{direction}/{kind}"] = error_text(e)
-                    continue
-                self.calls[(op, direction, kind)] = fn
-        return dict(contenders=sorted(self.calls), errors=errors)
+                    errors[op] = error_text(e)
+                    break
+                for (direction, kind), fn in calls.items():
+                    if direction not in msg["directions"]:
+                        continue
+                    try:
+                        fn()                                   # warm-up (and check it runs)
+                    except Exception as e:
+                        errors[f"{op}/{direction}/{kind}"] = error_text(e)
+                        continue
+                    key = (op, direction, kind, n)
+                    self.calls[key] = fn
+                    if kind == "core" and msg.get("memory", True):
+                        try:
+                            memory[key] = self.runner.memory(w, direction, n)
+                        except Exception as e:
+                            errors[f"{op}/{direction}/{kind}/memory"] = error_text(e)
+        return dict(contenders=sorted(self.calls), errors=errors, memory=memory)
 
     def handle(self, msg):
         if msg["cmd"] == "load":
@@ -610,7 +694,7 @@ def main(argv):
                     return dict(skipped=error_text(e))
                 state["runner"] = runner
                 if kind == "bench":
-                    state["bench"] = BenchState(runner)
+                    state["bench"] = BenchState(runner, msg["threads"])
                 return dict(version=runner.version)
             if kind == "parity":
                 return parity(state["runner"], msg)

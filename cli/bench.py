@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import statistics
+import textwrap
 import threading
 import time
 
@@ -47,31 +48,94 @@ def _fmt_ms(ms):
     return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
 
 
-def run(args):
-    t_start = time.monotonic()
-    frameworks = parse_list(args.frameworks, FRAMEWORKS, "framework", FRAMEWORK_ALIASES)
-    names = parse_list(args.workloads, tuple(WL.WORKLOADS), "workload")
-    ops = parse_list(args.ops, OPS, "operator")
-    directions = parse_list(args.directions, DIRECTIONS, "direction", {"backward": "fwd+bwd"})
-    scale = QUICK_SCALE if args.quick else args.scale
-    if not 0 < scale <= 1:
-        raise SystemExit("roicore bench: --scale must be in (0, 1]")
-    if args.repeats < 1:
-        raise SystemExit("roicore bench: --repeats must be >= 1")
-    env = environment()
-    threads = args.threads or env["cpus"]
-    if threads < 1:
-        raise SystemExit("roicore bench: --threads must be >= 1")
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise SystemExit("roicore bench: --plot needs matplotlib (pip install matplotlib)")
+def _mb(nbytes):
+    return nbytes / 2**20
 
-    log(f"bench: {threads} thread(s), {args.repeats} round(s), workloads {', '.join(names)}"
-        + (f", scale {scale:g}" if scale != 1 else ""))
-    workers, fw_info = {}, {}
-    all_names = ["roicore"] + frameworks
+
+def _memory_fields(mem):
+    """Row fields for a roicore.core memory measurement (bytes from the worker)."""
+    return dict(extra_mb=_mb(mem["extra"]), memory_bytes=dict(mem))
+
+
+def _measure(workers, fw_info, names, ops, directions, scale, args, thread_counts=None):
+    """Load each workload in every worker, time the contenders in interleaved rounds.
+
+    Returns (rows, errors); a worker that dies is closed, removed from ``workers`` and
+    marked failed in ``fw_info``.  ``thread_counts`` (roicore only): time roicore.core at
+    each of these thread counts, interleaved.
+    """
+    rows, errors = [], []
+
+    def died(n, exc):
+        """A worker that dies (crash, out-of-memory kill) is reported; the others go on."""
+        w = workers.pop(n, None)
+        if w is not None:
+            w.close()
+        why = str(exc)
+        if "exit code -9" in why:
+            why += " (SIGKILL: out of memory?)"
+        fw_info[n].update(status="failed", reason=why)
+        log(f"{n}: worker died: {why.splitlines()[0]}")
+
+    for wl in names:
+        wl_ops = [op for op in WL.OPS_FOR[WL.shape(wl)[6]] if op in ops]
+        if not wl_ops or "roicore" not in workers:
+            continue
+        log(f"{wl} ({WL.describe(wl, scale)}): loading, warming up and measuring memory of "
+            f"{', '.join(wl_ops)}")
+        msg = dict(cmd="load", workload=wl, ops=wl_ops, directions=directions, scale=scale,
+                   seed=args.seed)
+        if thread_counts:
+            msg["thread_counts"] = list(thread_counts)
+        loaded = _parallel(lambda n: workers[n].request(msg), list(workers))
+        keys, memory = [], {}
+        for n, res in loaded.items():
+            if isinstance(res, Exception):
+                died(n, res)
+                continue
+            if "error" in res:
+                errors.append(dict(framework=n, workload=wl, error=res["error"]))
+                continue
+            for what, err in res["errors"].items():
+                errors.append(dict(framework=n, workload=wl, what=what, error=err))
+            keys += [(n, tuple(k)) for k in res["contenders"]]
+            memory.update({(n, tuple(k)): m for k, m in res.get("memory", {}).items()})
+        times = {k: [] for k in keys}
+        for r in range(args.repeats):
+            t0 = time.monotonic()
+            # each contender once per round; the order rotates so none always goes first
+            order = keys[r % len(keys):] + keys[:r % len(keys)] if keys else []
+            for n, key in order:
+                if n not in workers:
+                    continue
+                try:
+                    times[(n, key)].append(workers[n].request(dict(cmd="run", key=key))["seconds"])
+                except WorkerDied as e:
+                    died(n, e)
+            log(f"{wl}: round {r + 1}/{args.repeats} ({time.monotonic() - t0:.1f} s)")
+        for n in list(workers):
+            try:
+                peak = workers[n].request(dict(cmd="unload"))
+            except WorkerDied as e:
+                died(n, e)
+                continue
+            fw_info[n]["peak_rss_mb"] = round(max(fw_info[n].get("peak_rss_mb", 0),
+                                                  peak.get("peak_rss_mb", 0)), 1)
+        for (n, (op, direction, kind, threads)), ts in times.items():
+            if not ts:
+                continue
+            row = dict(workload=wl, operator=op, direction=direction, framework=n, kind=kind,
+                       threads=threads, median_ms=_ms(statistics.median(ts)),
+                       times_ms=[_ms(t) for t in ts])
+            mem = memory.get((n, (op, direction, kind, threads)))
+            if mem:
+                row.update(_memory_fields(mem))
+            rows.append(row)
+    return rows, errors
+
+
+def _start_workers(all_names, threads, fw_info):
+    workers = {}
 
     def start(name):
         w = Worker("bench", name, threads=threads, quiet_progress=True)
@@ -92,68 +156,50 @@ def run(args):
             log(f"{name}: {fw_info[name]['status']} ({fw_info[name]['reason']})")
     if "roicore" not in workers:
         raise SystemExit(f"roicore bench: the roicore worker failed: {fw_info['roicore']['reason']}")
+    return workers
+
+
+def _workload_shapes(names, scale):
+    return {wl: dict(zip(("N", "C", "H", "W", "R", "P", "kind", "spatial_scale"),
+                         WL.shape(wl, scale))) for wl in names}
+
+
+def run(args):
+    t_start = time.monotonic()
+    names = parse_list(args.workloads, tuple(WL.WORKLOADS), "workload")
+    ops = parse_list(args.ops, OPS, "operator")
+    directions = parse_list(args.directions, DIRECTIONS, "direction", {"backward": "fwd+bwd"})
+    scale = QUICK_SCALE if args.quick else args.scale
+    if not 0 < scale <= 1:
+        raise SystemExit("roicore bench: --scale must be in (0, 1]")
+    if args.repeats < 1:
+        raise SystemExit("roicore bench: --repeats must be >= 1")
+    if args.scaling:
+        if args.frameworks is not None:
+            raise SystemExit("roicore bench: --scaling times roicore.core alone; drop --frameworks")
+        if args.plot:
+            raise SystemExit("roicore bench: --plot draws the native ratios; it does not apply "
+                             "to --scaling")
+        return run_scaling(args, names, ops, directions, scale, t_start)
+    frameworks = parse_list(args.frameworks, FRAMEWORKS, "framework", FRAMEWORK_ALIASES)
+    env = environment()
+    threads = args.threads or env["cpus"]
+    if threads < 1:
+        raise SystemExit("roicore bench: --threads must be >= 1")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise SystemExit("roicore bench: --plot needs matplotlib (pip install matplotlib)")
+
+    log(f"bench: {threads} thread(s), {args.repeats} round(s), workloads {', '.join(names)}"
+        + (f", scale {scale:g}" if scale != 1 else ""))
+    fw_info = {}
+    all_names = ["roicore"] + frameworks
+    workers = _start_workers(all_names, threads, fw_info)
     fw_info = {k: fw_info[k] for k in all_names}
-
-    rows, errors = [], []
-
-    def died(n, exc):
-        """A worker that dies (crash, out-of-memory kill) is reported; the others go on."""
-        w = workers.pop(n, None)
-        if w is not None:
-            w.close()
-        why = str(exc)
-        if "exit code -9" in why:
-            why += " (SIGKILL: out of memory?)"
-        fw_info[n].update(status="failed", reason=why)
-        log(f"{n}: worker died: {why.splitlines()[0]}")
-
     try:
-        for wl in names:
-            wl_ops = [op for op in WL.OPS_FOR[WL.shape(wl)[6]] if op in ops]
-            if not wl_ops or "roicore" not in workers:
-                continue
-            log(f"{wl} ({WL.describe(wl, scale)}): loading and warming up {', '.join(wl_ops)}")
-            msg = dict(cmd="load", workload=wl, ops=wl_ops, directions=directions, scale=scale,
-                       seed=args.seed)
-            loaded = _parallel(lambda n: workers[n].request(msg), list(workers))
-            keys = []
-            for n, res in loaded.items():
-                if isinstance(res, Exception):
-                    died(n, res)
-                    continue
-                if "error" in res:
-                    errors.append(dict(framework=n, workload=wl, error=res["error"]))
-                    continue
-                for what, err in res["errors"].items():
-                    errors.append(dict(framework=n, workload=wl, what=what, error=err))
-                keys += [(n, tuple(k)) for k in res["contenders"]]
-            times = {k: [] for k in keys}
-            for r in range(args.repeats):
-                t0 = time.monotonic()
-                # each contender once per round; the order rotates so none always goes first
-                order = keys[r % len(keys):] + keys[:r % len(keys)] if keys else []
-                for n, key in order:
-                    if n not in workers:
-                        continue
-                    try:
-                        times[(n, key)].append(workers[n].request(dict(cmd="run", key=key))["seconds"])
-                    except WorkerDied as e:
-                        died(n, e)
-                log(f"{wl}: round {r + 1}/{args.repeats} ({time.monotonic() - t0:.1f} s)")
-            for n in list(workers):
-                try:
-                    peak = workers[n].request(dict(cmd="unload"))
-                except WorkerDied as e:
-                    died(n, e)
-                    continue
-                fw_info[n]["peak_rss_mb"] = round(max(fw_info[n].get("peak_rss_mb", 0),
-                                                      peak.get("peak_rss_mb", 0)), 1)
-            for (n, (op, direction, kind)), ts in times.items():
-                if not ts:
-                    continue
-                rows.append(dict(workload=wl, operator=op, direction=direction,
-                                 framework=n, kind=kind, median_ms=_ms(statistics.median(ts)),
-                                 times_ms=[_ms(t) for t in ts]))
+        rows, errors = _measure(workers, fw_info, names, ops, directions, scale, args)
     finally:
         for w in workers.values():
             w.close()
@@ -167,10 +213,8 @@ def run(args):
             r["ratio"] = r["median_ms"] / c           # > 1: roicore is faster
         elif r["kind"] == "adapter" and c:
             r["overhead"] = r["median_ms"] / c
-    report = dict(command="bench", environment=env, threads=threads, repeats=args.repeats,
-                  scale=scale, workloads={wl: dict(zip(("N", "C", "H", "W", "R", "P", "kind",
-                                                        "spatial_scale"), WL.shape(wl, scale)))
-                                          for wl in names},
+    report = dict(command="bench", mode="compare", environment=env, threads=threads,
+                  repeats=args.repeats, scale=scale, workloads=_workload_shapes(names, scale),
                   frameworks=fw_info, results=rows, errors=errors,
                   seconds=time.monotonic() - t_start)
     print_report(report)
@@ -180,6 +224,147 @@ def run(args):
         plot(report, args.plot)
         print(f"plot written to {args.plot}")
     return 0 if all(i["status"] != "failed" for i in fw_info.values()) else 1
+
+
+# ------------------------------------------------------------------------- --scaling
+# Issue #5: on the large workloads, 2 threads at least this much faster than 1.
+SCALING_TARGET = 1.7
+SCALING_TARGET_THREADS = 2
+LARGE_WORKLOADS = ("fastrcnn_vgg16", "c4_14x14")
+
+
+def output_elements(wl, op, scale=1.0):
+    """K * C_out * PH * PW: the pooled output elements of ``op`` on workload ``wl``."""
+    N, C, H, W, R, P, kind, s = WL.shape(wl, scale)
+    return R * (C // (P * P) if op == "psroi_pool" else C) * P * P
+
+
+def input_elements(wl, scale=1.0):
+    N, C, H, W = WL.shape(wl, scale)[:4]
+    return N * C * H * W
+
+
+def scaling_rows(rows, threads, scale):
+    """One summary per (workload, op, direction) from the timing rows at 1 and ``threads``
+    threads: medians, speedup, ns per output element, extra memory, and whether the issue #5
+    target holds (full-size large workloads at 2 threads only)."""
+    by = {}
+    for r in rows:
+        by.setdefault((r["workload"], r["operator"], r["direction"]), {})[r["threads"]] = r
+    out = []
+    for (wl, op, d), got in by.items():
+        one, many = got.get(1), got.get(threads)
+        if not one or not many:
+            continue
+        elems = output_elements(wl, op, scale)
+        s = dict(workload=wl, operator=op, direction=d, threads=threads,
+                 ms_1=one["median_ms"], ms_n=many["median_ms"],
+                 speedup=one["median_ms"] / many["median_ms"],
+                 output_elements=elems, input_elements=input_elements(wl, scale),
+                 ns_per_element=many["median_ms"] * 1e6 / elems if elems else None,
+                 extra_mb=many.get("extra_mb"), extra_mb_1=one.get("extra_mb"),
+                 memory_bytes=many.get("memory_bytes"))
+        if wl in LARGE_WORKLOADS and threads == SCALING_TARGET_THREADS and scale == 1:
+            s["meets_target"] = s["speedup"] >= SCALING_TARGET
+        out.append(s)
+    return out
+
+
+def run_scaling(args, names, ops, directions, scale, t_start):
+    """roicore.core alone at 1 and N threads, interleaved; speedup, ns per output element,
+    peak extra memory."""
+    env = environment()
+    threads = args.threads or env["cpus"]
+    if threads < 2:
+        raise SystemExit(f"roicore bench: --scaling compares 1 thread with N >= 2 threads; "
+                         f"{'--threads is' if args.threads else 'this process may use'} "
+                         f"{threads} (pass --threads 2 or more)")
+    counts = (1, threads)
+    log(f"bench --scaling: roicore.core at 1 and {threads} threads, {args.repeats} round(s), "
+        f"workloads {', '.join(names)}" + (f", scale {scale:g}" if scale != 1 else ""))
+    fw_info = {}
+    workers = _start_workers(["roicore"], threads, fw_info)
+    try:
+        rows, errors = _measure(workers, fw_info, names, ops, directions, scale, args,
+                                thread_counts=counts)
+    finally:
+        for w in workers.values():
+            w.close()
+    scaling = scaling_rows(rows, threads, scale)
+    report = dict(command="bench", mode="scaling", environment=env, threads=threads,
+                  thread_counts=list(counts), repeats=args.repeats, scale=scale,
+                  workloads=_workload_shapes(names, scale), frameworks=fw_info,
+                  target=dict(speedup=SCALING_TARGET, threads=SCALING_TARGET_THREADS,
+                              workloads=list(LARGE_WORKLOADS)),
+                  results=rows, scaling=scaling, errors=errors,
+                  seconds=time.monotonic() - t_start)
+    print_scaling(report)
+    if args.json:
+        write_json(args.json, report)
+    return 0 if fw_info["roicore"]["status"] != "failed" and not errors else 1
+
+
+def _note(text):
+    print(textwrap.fill(text, 100, initial_indent="  ", subsequent_indent="    "))
+
+
+def _fmt_mb(mb):
+    if mb is None:
+        return "-"
+    return f"{mb:.3g}" if abs(mb) < 100 else f"{mb:.0f}"
+
+
+def print_scaling(report):
+    env, n = report["environment"], report["threads"]
+    print(f"roicore {env['roicore']} bench --scaling: {env['cpu']}, roicore.core at 1 and {n} "
+          f"threads, median of {report['repeats']} interleaved round(s)"
+          + (f", workloads scaled by {report['scale']:g}" if report["scale"] != 1 else ""))
+    print(f"numpy {env['numpy']}, python {env['python']}, OpenMP "
+          f"{'on' if env['openmp'] else 'OFF (sequential build)'}")
+    for wl in report["workloads"]:
+        print(f"  {wl}: {WL.describe(wl, report['scale'])}")
+    print()
+    t = report["target"]
+    show_target = any("meets_target" in s for s in report["scaling"])
+    head = ["workload", "op", "direction", "ms 1 thr", f"ms {n} thr", "speedup",
+            f"ns/elem {n} thr", "extra MB"] + ([f"target >= {t['speedup']}x"] if show_target else [])
+    rows = []
+    for s in report["scaling"]:
+        row = [s["workload"], s["operator"], s["direction"], _fmt_ms(s["ms_1"]), _fmt_ms(s["ms_n"]),
+               f"{s['speedup']:.2f}x",
+               f"{s['ns_per_element']:.3g}" if s["ns_per_element"] is not None else "-",
+               _fmt_mb(s["extra_mb"])]
+        if show_target:
+            row.append({True: "met", False: "MISSED"}.get(s.get("meets_target"), "-"))
+        rows.append(row)
+    print(table(head, rows, "lllrrrrr" + ("l" if show_target else "")))
+    print()
+    _note(f"speedup = ms at 1 thread / ms at {n} threads (the worker's idle OpenMP threads "
+          "sleep: OMP_WAIT_POLICY=PASSIVE, as in the framework comparison)")
+    _note(f"ns/elem = ms at {n} threads / (K * C_out * PH * PW), the pooled output elements "
+          "(fwd+bwd: the same count); work proportional to the input (NHWC copy of x, zeroing "
+          "dx) is not normalised away")
+    _note(f"extra MB = tracemalloc peak of one untimed call at {n} threads minus its outputs "
+          "(forward: y; fwd+bwd: the larger of forward peak - y - argmax and backward peak - dx)")
+    goal = (f"issue #5 target: {t['threads']} threads >= {t['speedup']}x faster than 1 on "
+            f"{', '.join(t['workloads'])}")
+    met = [s for s in report["scaling"] if "meets_target" in s]
+    if met:
+        _note(f"{goal}: met by {sum(s['meets_target'] for s in met)} of {len(met)} "
+              f"(lowest {min(s['speedup'] for s in met):.2f}x)")
+    else:
+        why = ("the workloads are scaled down" if report["scale"] != 1 else
+               f"it is set for {t['threads']} threads" if n != t["threads"] else
+               "neither workload ran")
+        _note(f"{goal}: not evaluated on this run ({why})")
+    for e in report["errors"]:
+        print(f"  error: {e['framework']} {e['workload']} {e.get('what', '')}: {e['error'][:200]}")
+    i = report["frameworks"]["roicore"]
+    if i["status"] != "ran":
+        print(f"  roicore: {i['status'].upper()}: {str(i['reason']).strip().splitlines()[0]}")
+    if i.get("peak_rss_mb"):
+        print(f"  peak RSS of the roicore worker: {i['peak_rss_mb']:.0f} MB")
+    print(f"({report['seconds']:.1f} s)")
 
 
 def print_report(report):
@@ -197,16 +382,17 @@ def print_report(report):
         by.setdefault((r["workload"], r["operator"], r["direction"]), {})[(r["framework"], r["kind"])] = r
     print()
     print("native time / roicore.core time (> 1: roicore faster); milliseconds in brackets")
-    head = ["workload", "op", "direction", "roicore ms"] + natives
+    head = ["workload", "op", "direction", "roicore ms", "extra MB"] + natives
     rows = []
     for (wl, op, d), got in by.items():
         c = got.get(("roicore", "core"))
-        row = [wl, op, d, _fmt_ms(c["median_ms"]) if c else "-"]
+        row = [wl, op, d, _fmt_ms(c["median_ms"]) if c else "-",
+               _fmt_mb(c.get("extra_mb")) if c else "-"]
         for n in natives:
             r = got.get((n, "native"))
             row.append(f"{r['ratio']:.1f}x ({_fmt_ms(r['median_ms'])})" if r and "ratio" in r else "-")
         rows.append(row)
-    print(table(head, rows, "lllr" + "r" * len(natives)))
+    print(table(head, rows, "lllrr" + "r" * len(natives)))
     adapters = [n for n in natives if any(k == (n, "adapter") for g in by.values() for k in g)]
     if adapters:
         print()
@@ -231,6 +417,9 @@ def print_report(report):
         print(f"  error: {e['framework']} {e['workload']} {e.get('what', '')}: {e['error'][:200]}")
     print("  roi_align: sampling_ratio 2, aligned=True; fwd+bwd: forward recorded for autograd + "
           "backward; roicore.core: conventions mxnet (roi_pool, roi_align), paddle (psroi_pool)")
+    _note("extra MB: roicore.core's peak memory beyond its inputs and outputs, from tracemalloc "
+          "during one untimed call (forward: peak - y; fwd+bwd: the larger of forward peak - y - "
+          "argmax and backward peak - dx)")
     rss = ", ".join(f"{n} {i['peak_rss_mb']:.0f} MB" for n, i in report["frameworks"].items()
                     if i.get("peak_rss_mb"))
     if rss:

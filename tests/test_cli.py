@@ -3,7 +3,9 @@
 Frameworks are optional locally and required in CI, as in tests/adapters/conftest.py: with
 ROICORE_REQUIRE_FRAMEWORKS=1 a framework the report lists as skipped fails the test.
 """
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -175,10 +177,19 @@ def test_bench_quick(tmp_path):
             assert (wl, op, "forward", fw, "native") in got, (fw, op)
     for r in report["results"]:
         assert r["median_ms"] > 0 and len(r["times_ms"]) == 1
+        assert r["threads"] == report["threads"]
         if r["kind"] == "native":
             assert r["ratio"] > 0
+        # roicore.core alone carries its peak memory beyond inputs and outputs
+        assert ("extra_mb" in r) == (r["kind"] == "core"), r
+        if r["kind"] == "core":
+            m = r["memory_bytes"]
+            assert r["extra_mb"] >= 0 and m["peak"] >= m["outputs"] > 0, r
+            assert r["extra_mb"] == pytest.approx(m["extra"] / 2**20)
+    assert report["frameworks"]["roicore"]["peak_rss_mb"] > 0
     assert not report["errors"], report["errors"]
     assert "native time / roicore.core time" in proc.stdout
+    assert "extra MB" in proc.stdout and "peak RSS per worker: roicore" in proc.stdout
     if has_mpl:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -196,3 +207,158 @@ def test_help_and_module_entry():
     for cmd in ("parity", "bench"):
         proc = roicore(cmd, "--help")
         assert proc.returncode == 0 and "--frameworks" in proc.stdout and "--json" in proc.stdout
+
+
+# ----------------------------------------------------------------------------- bench --scaling
+SCALING_KEYS = {(wl, op, d)
+                for wl, wl_ops in (("fastrcnn_vgg16", ("roi_pool", "roi_align")),
+                                   ("train_b2", ("roi_pool", "roi_align")),
+                                   ("rfcn_psroi", ("psroi_pool",)),
+                                   ("c4_14x14", ("roi_pool", "roi_align")))
+                for op in wl_ops for d in ("forward", "fwd+bwd")}
+
+
+def scaling_run(tmp_path, *args):
+    out = tmp_path / "scaling.json"
+    proc = roicore("bench", "--scaling", "--threads", "2", "--json", str(out), *args)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads(out.read_text())
+
+
+def pooled_elements(shape, op):
+    P = shape["P"]
+    return shape["R"] * (shape["C"] // (P * P) if op == "psroi_pool" else shape["C"]) * P * P
+
+
+@pytest.fixture(scope="module")
+def scaling_quick(tmp_path_factory):
+    return scaling_run(tmp_path_factory.mktemp("scaling"), "--quick", "--repeats", "2")
+
+
+def test_bench_scaling_quick(scaling_quick):
+    proc, report = scaling_quick
+    assert report["command"] == "bench" and report["mode"] == "scaling"
+    assert report["threads"] == 2 and report["thread_counts"] == [1, 2]
+    assert list(report["frameworks"]) == ["roicore"]          # no framework worker started
+    assert report["frameworks"]["roicore"]["peak_rss_mb"] > 0
+    assert not report["errors"], report["errors"]
+    rows = {(s["workload"], s["operator"], s["direction"]): s for s in report["scaling"]}
+    assert set(rows) == SCALING_KEYS and len(report["scaling"]) == len(SCALING_KEYS)
+    # timing rows: every contender at both thread counts, each timed in every round
+    timed = {(r["workload"], r["operator"], r["direction"], r["threads"]): r
+             for r in report["results"]}
+    assert set(timed) == {k + (n,) for k in SCALING_KEYS for n in (1, 2)}
+    for r in timed.values():
+        assert r["framework"] == "roicore" and r["kind"] == "core"
+        assert len(r["times_ms"]) == 2 and all(t > 0 for t in r["times_ms"])
+    for (wl, op, d), s in rows.items():
+        assert s["ms_1"] == timed[(wl, op, d, 1)]["median_ms"]
+        assert s["ms_n"] == timed[(wl, op, d, 2)]["median_ms"]
+        assert s["speedup"] > 0 and s["speedup"] == pytest.approx(s["ms_1"] / s["ms_n"])
+        elems = pooled_elements(report["workloads"][wl], op)
+        assert s["output_elements"] == elems > 0
+        assert s["ns_per_element"] == pytest.approx(s["ms_n"] * 1e6 / elems)
+        assert "meets_target" not in s                        # scaled workloads: not judged
+        mem = s["memory_bytes"]
+        for v in (s["extra_mb"], s["extra_mb_1"]):
+            assert isinstance(v, float) and 0 <= v < 1e4, s
+        assert s["extra_mb"] == pytest.approx(mem["extra"] / 2**20)
+        y_bytes = elems * 4                                    # float32 output
+        shp = report["workloads"][wl]
+        x_bytes = shp["N"] * shp["C"] * shp["H"] * shp["W"] * 4
+        if d == "forward":
+            assert mem["outputs"] == y_bytes, s
+            assert mem["extra"] == mem["peak"] - mem["outputs"]
+        else:
+            # y (+ argmax for roi_pool) held through the backward, and dx
+            assert mem["outputs"] >= y_bytes + x_bytes, s
+            if op != "roi_pool":
+                assert mem["outputs"] == y_bytes + x_bytes, s
+            assert mem["extra"] == max(mem["forward_extra"], mem["backward_extra"])
+            assert mem["peak"] >= mem["outputs"]
+        # scratch, not a copy of the world: bounded by a few times what goes in and out
+        assert mem["extra"] <= 8 * (x_bytes + mem["outputs"]) + 2**20, s
+    out = " ".join(proc.stdout.split())      # notes are wrapped
+    assert "speedup" in out and "ns/elem 2 thr" in out and "extra MB" in out
+    assert "not evaluated on this run" in out and "MISSED" not in out
+
+
+def test_bench_scaling_memory_grows_with_the_workload(scaling_quick, tmp_path):
+    _, small = scaling_quick
+    _, big = scaling_run(tmp_path, "--scale", "0.2", "--repeats", "1",
+                         "--workloads", "train_b2,rfcn_psroi")
+    assert big["scale"] == 0.2 and small["scale"] < 0.2
+    small_rows = {(s["workload"], s["operator"], s["direction"]): s for s in small["scaling"]}
+    big_rows = {(s["workload"], s["operator"], s["direction"]): s for s in big["scaling"]}
+    assert set(big_rows) == {k for k in SCALING_KEYS if k[0] in ("train_b2", "rfcn_psroi")}
+    for key, b in big_rows.items():
+        a = small_rows[key]
+        assert b["output_elements"] > a["output_elements"]
+        assert b["memory_bytes"]["extra"] > a["memory_bytes"]["extra"], (key, a, b)
+        assert b["memory_bytes"]["outputs"] > a["memory_bytes"]["outputs"], key
+
+
+def test_scaling_target_and_normalisation():
+    """The issue #5 verdict and the per-element figure, on made-up timings (full size)."""
+    from roicore.cli import bench
+    def row(wl, op, n, ms):
+        return dict(workload=wl, operator=op, direction="forward", framework="roicore",
+                    kind="core", threads=n, median_ms=ms, times_ms=[ms], extra_mb=1.5,
+                    memory_bytes=dict(peak=3, outputs=1, extra=2))
+    rows = [row("fastrcnn_vgg16", "roi_pool", 1, 10.0), row("fastrcnn_vgg16", "roi_pool", 2, 6.0),
+            row("c4_14x14", "roi_align", 1, 10.0), row("c4_14x14", "roi_align", 2, 5.0),
+            row("train_b2", "roi_pool", 1, 4.0), row("train_b2", "roi_pool", 2, 1.0)]
+    got = {s["workload"]: s for s in bench.scaling_rows(rows, 2, 1.0)}
+    assert got["fastrcnn_vgg16"]["speedup"] == pytest.approx(10 / 6)
+    assert got["fastrcnn_vgg16"]["meets_target"] is False      # 1.67x < 1.7x
+    assert got["c4_14x14"]["meets_target"] is True
+    assert "meets_target" not in got["train_b2"]               # not a large workload
+    assert got["fastrcnn_vgg16"]["ns_per_element"] == pytest.approx(6e6 / (2000 * 512 * 49))
+    assert got["c4_14x14"]["ns_per_element"] == pytest.approx(5e6 / (1000 * 1024 * 196))
+    # no verdict at another thread count or on scaled workloads
+    assert all("meets_target" not in s for s in bench.scaling_rows(rows, 2, 0.5))
+    rows4 = [dict(r, threads=4) if r["threads"] == 2 else r for r in rows]
+    assert all("meets_target" not in s for s in bench.scaling_rows(rows4, 4, 1.0))
+    # the printed verdict
+    report = dict(environment=dict(roicore="0", cpu="cpu", numpy="1", python="3", openmp=True),
+                  threads=2, repeats=1, scale=1.0, workloads={k: {} for k in got},
+                  target=dict(speedup=bench.SCALING_TARGET, threads=2,
+                              workloads=list(bench.LARGE_WORKLOADS)),
+                  scaling=list(got.values()), errors=[], seconds=0.0,
+                  frameworks={"roicore": dict(status="ran")})
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        bench.print_scaling(report)
+    lines = {ln.split()[0]: ln.split() for ln in buf.getvalue().splitlines() if ln.strip()}
+    assert lines["fastrcnn_vgg16"][-1] == "MISSED" and lines["c4_14x14"][-1] == "met"
+    assert lines["train_b2"][-1] == "-"
+    text = " ".join(buf.getvalue().split())
+    assert "met by 1 of 2 (lowest 1.67x)" in text
+
+
+def test_traced_peak_counts_scratch_not_inputs_or_older_arrays():
+    """The memory figure's arithmetic, in a worker-like subprocess."""
+    code = """if 1:
+        import numpy as np
+        from roicore.cli._worker import traced_peak, nbytes
+        held = np.ones(4 << 20, np.uint8)            # alive before the call: not counted
+        def op(x):
+            scratch = np.ones(8 << 20, np.uint8)     # 8 MiB scratch, freed on return
+            y = np.empty(1 << 20, np.uint8)          # 1 MiB output
+            y[:] = scratch[:1 << 20] + x[:1 << 20]
+            return y
+        y, peak = traced_peak(op, held)
+        print(peak - nbytes(y))
+    """
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    extra = int(proc.stdout.split()[-1])
+    # 8 MiB scratch plus the 1 MiB temporary of scratch[:n] + x[:n]; a few KB of Python objects
+    assert (9 << 20) <= extra < (9 << 20) + (64 << 10), extra
+
+
+def test_bench_scaling_usage_errors():
+    proc = roicore("bench", "--scaling", "--threads", "1")
+    assert proc.returncode != 0 and "--scaling" in proc.stderr and "2" in proc.stderr
+    proc = roicore("bench", "--scaling", "--frameworks", "paddle")
+    assert proc.returncode != 0 and "--frameworks" in proc.stderr
