@@ -17,7 +17,11 @@ computed like any other channel count.
 
 Gradients flow to ``x`` through ``paddle.autograd.PyLayer``; ``boxes`` and ``boxes_num``
 get none, as in Paddle.  Dygraph (eager) mode only: the ops run NumPy code, so they cannot
-be recorded into a static program.
+be recorded into a static program.  When no gradient can be asked for (``x.stop_gradient``
+or under ``paddle.no_grad()``), the core is called directly, without a PyLayer, and
+``roi_pool`` computes no argmax; otherwise ``roi_pool`` keeps, for its backward pass, an
+int32 argmax (the same ``h*W + w`` values as Paddle's int64 one, half the memory; int64
+when a plane has 2**31 pixels or more).
 
 Copies: on the CPU, ``x``, ``boxes``, ``boxes_num`` and the upstream gradient are viewed
 through DLPack (``np.from_dlpack``, no copy; the core accepts read-only and strided
@@ -29,9 +33,12 @@ The adapter does no arithmetic of its own: it converts, calls roicore.core, conv
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from roicore import core
+from roicore.core import conventions
 from ._common import batch_indices_from_counts, require
 
 paddle = require("paddle", "paddle")
@@ -41,6 +48,10 @@ from paddle.utils import dlpack as _dlpack  # noqa: E402
 __all__ = ["roi_pool", "psroi_pool", "roi_align", "RoIPool", "PSRoIPool", "RoIAlign"]
 
 CONVENTION = "paddle"
+# The argmax roi_pool keeps for its own backward pass: Paddle's encoding (h*W + w per
+# plane) stored as int32, which the core widens to int64 when a plane has >= 2**31 pixels.
+# Only the legacy ``return_argmax=True`` hands Paddle's int64 argmax to the caller.
+_GRAD_ARGMAX_RULES = dataclasses.replace(conventions.MAX_POOL[CONVENTION], argmax_dtype="int32")
 _FLOAT_DTYPES = ("float32", "float64")
 _COUNT_DTYPES = ("int32", "int64")
 
@@ -57,6 +68,11 @@ def _to_numpy(t):
     if not t.place.is_cpu_place():
         t = t.cpu()  # the core runs on the host: this device-to-host copy is unavoidable
     return np.from_dlpack(t)
+
+
+def _needs_grad(x):
+    """Whether Paddle could ask for a gradient of ``x`` through this op's output."""
+    return paddle.is_grad_enabled() and not x.stop_gradient
 
 
 def _to_paddle(a, place):
@@ -118,11 +134,14 @@ def _size(output_size, op):
 
 class _RoIPoolFn(PyLayer):
     @staticmethod
-    def forward(ctx, x, boxes, batch, output_size, spatial_scale, n_threads):
+    def forward(ctx, x, boxes, batch, output_size, spatial_scale, n_threads, return_argmax):
         xa = _to_numpy(x)
+        rules = CONVENTION if return_argmax else _GRAD_ARGMAX_RULES
         y, argmax = core.roi_pool(xa, boxes, output_size, spatial_scale, batch_indices=batch,
-                                  convention=CONVENTION, return_argmax=True, n_threads=n_threads)
+                                  convention=rules, return_argmax=True, n_threads=n_threads)
         ctx.saved = (boxes, batch, xa.shape, spatial_scale, argmax, n_threads, x.place)
+        if not return_argmax:
+            return _to_paddle(y, x.place)
         am = _to_paddle(argmax, x.place)
         ctx.mark_non_differentiable(am)
         # else Paddle builds a zero int64 "gradient" of argmax's size for every backward
@@ -130,7 +149,7 @@ class _RoIPoolFn(PyLayer):
         return _to_paddle(y, x.place), am
 
     @staticmethod
-    def backward(ctx, grad, _grad_argmax):
+    def backward(ctx, grad, _grad_argmax=None):
         boxes, batch, shape, spatial_scale, argmax, n_threads, place = ctx.saved
         dx = core.roi_pool_backward(_to_numpy(grad), boxes, shape, spatial_scale,
                                     batch_indices=batch, convention=CONVENTION, argmax=argmax,
@@ -179,13 +198,30 @@ class _RoIAlignFn(PyLayer):
 
 # --------------------------------------------------------------------------- functions
 
-def _roi_pool_with_argmax(x, boxes, boxes_num, output_size, spatial_scale=1.0, *,
-                          n_threads=None, op="roi_pool"):
-    """(out, argmax): argmax is int64 ``h*W + w`` per plane, -1 for empty bins, as Paddle's
-    ``Argmax`` output (used by the legacy fluid API)."""
+def _psroi_pool(x, boxes, batch, output_size, spatial_scale, output_channels, n_threads):
+    """PS-RoI pooling on checked inputs (shared with the legacy API)."""
+    if _needs_grad(x):
+        return _PSRoIPoolFn.apply(x, boxes, batch, output_size, spatial_scale, output_channels,
+                                  n_threads)
+    return _to_paddle(core.psroi_pool(_to_numpy(x), boxes, output_size, spatial_scale,
+                                      output_channels=output_channels, batch_indices=batch,
+                                      convention=CONVENTION, n_threads=n_threads), x.place)
+
+
+def _roi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, *, n_threads=None,
+              op="roi_pool", return_argmax=False):
+    """out, or (out, argmax) with ``return_argmax``: argmax is int64 ``h*W + w`` per plane, -1
+    for empty bins, as Paddle's ``Argmax`` output (used by the legacy fluid API)."""
     output_size = _size(output_size, op)
     b, batch = _check_inputs(op, x, boxes, boxes_num)
-    return _RoIPoolFn.apply(x, b, batch, output_size, spatial_scale, n_threads)
+    if _needs_grad(x):
+        return _RoIPoolFn.apply(x, b, batch, output_size, spatial_scale, n_threads,
+                                return_argmax)
+    res = core.roi_pool(_to_numpy(x), b, output_size, spatial_scale, batch_indices=batch,
+                        convention=CONVENTION, return_argmax=return_argmax, n_threads=n_threads)
+    if return_argmax:
+        return _to_paddle(res[0], x.place), _to_paddle(res[1], x.place)
+    return _to_paddle(res, x.place)
 
 
 def roi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, name=None, *, n_threads=None):
@@ -201,8 +237,7 @@ def roi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, name=None, *, 
 
     Returns a [num_boxes, C, h, w] tensor of x's dtype on x's place.
     """
-    return _roi_pool_with_argmax(x, boxes, boxes_num, output_size, spatial_scale,
-                                 n_threads=n_threads)[0]
+    return _roi_pool(x, boxes, boxes_num, output_size, spatial_scale, n_threads=n_threads)
 
 
 def psroi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, name=None, *,
@@ -215,7 +250,7 @@ def psroi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, name=None, *
     op = "psroi_pool"
     output_size = _size(output_size, op)
     b, batch = _check_inputs(op, x, boxes, boxes_num)
-    return _PSRoIPoolFn.apply(x, b, batch, output_size, spatial_scale, None, n_threads)
+    return _psroi_pool(x, b, batch, output_size, spatial_scale, None, n_threads)
 
 
 def roi_align(x, boxes, boxes_num, output_size, spatial_scale=1.0, sampling_ratio=-1,
@@ -230,8 +265,12 @@ def roi_align(x, boxes, boxes_num, output_size, spatial_scale=1.0, sampling_rati
     op = "roi_align"
     output_size = _size(output_size, op)
     b, batch = _check_inputs(op, x, boxes, boxes_num)
-    return _RoIAlignFn.apply(x, b, batch, output_size, spatial_scale, sampling_ratio, aligned,
-                             n_threads)
+    if _needs_grad(x):
+        return _RoIAlignFn.apply(x, b, batch, output_size, spatial_scale, sampling_ratio,
+                                 aligned, n_threads)
+    return _to_paddle(core.roi_align(_to_numpy(x), b, output_size, spatial_scale,
+                                     sampling_ratio, aligned, batch_indices=batch,
+                                     convention=CONVENTION, n_threads=n_threads), x.place)
 
 
 # --------------------------------------------------------------------------- layers

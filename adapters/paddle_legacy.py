@@ -88,9 +88,8 @@ def roi_pool(input, rois, pooled_height=1, pooled_width=1, spatial_scale=1.0, ro
     ph = _int(pooled_height, "pooled_height", op)
     pw = _int(pooled_width, "pooled_width", op)
     counts = _counts(op, rois, rois_num, lod)
-    out, argmax = _modern._roi_pool_with_argmax(input, rois, counts, (ph, pw), spatial_scale,
-                                                n_threads=n_threads, op=op)
-    return (out, argmax) if return_argmax else out
+    return _modern._roi_pool(input, rois, counts, (ph, pw), spatial_scale, n_threads=n_threads,
+                             op=op, return_argmax=bool(return_argmax))
 
 
 def psroi_pool(input, rois, output_channels, spatial_scale, pooled_height, pooled_width,
@@ -107,4 +106,4 @@ def psroi_pool(input, rois, output_channels, spatial_scale, pooled_height, poole
     pw = _int(pooled_width, "pooled_width", op)
     counts = _counts(op, rois, rois_num, lod)
     b, batch = _modern._check_inputs(op, input, rois, counts)
-    return _modern._PSRoIPoolFn.apply(input, b, batch, (ph, pw), spatial_scale, d, n_threads)
+    return _modern._psroi_pool(input, b, batch, (ph, pw), spatial_scale, d, n_threads)

@@ -410,6 +410,73 @@ def test_place_dtype_and_stop_gradient(op, dtype):
     assert y2.stop_gradient
 
 
+def _spy_core(monkeypatch, op):
+    """Record the keyword arguments and results of every roicore.core.<op> call."""
+    calls = []
+    real = getattr(core, op)
+
+    def spy(*a, **kw):
+        res = real(*a, **kw)
+        calls.append((kw, res))
+        return res
+
+    monkeypatch.setattr(core, op, spy)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("mode", ["stop_gradient", "no_grad"])
+def test_inference_path_matches_grad_path(op, dtype, mode, monkeypatch):
+    """Without a possible gradient (stop_gradient, paddle.no_grad) the core is called
+    directly and roi_pool computes no argmax; the output is bit-identical to the recorded
+    path's and to Paddle's, and a gradient taken afterwards is still Paddle's."""
+    case = native_safe(hard_cases(op, dtype)["outside_reversed" if op != "roi_align" else
+                                              "outside_reversed-alignedFalse-sr2"])
+    args = (tensor(case["boxes"]), tensor(case["counts"], "int32"))
+    calls = _spy_core(monkeypatch, op)
+    if mode == "stop_gradient":
+        y = _adapter(op)(tensor(case["x"]), *args, **case["kw"])
+    else:
+        with paddle.no_grad():
+            y = _adapter(op)(tensor(case["x"], grad=True), *args, **case["kw"])
+    assert y.stop_gradient
+    assert len(calls) == 1 and not calls[0][0].get("return_argmax", False)
+    want_y, want_g = run(_native(op), case, 2)
+    assert_same(y.numpy(), want_y, f"{op} {mode} output")
+    got_y, got_g = run(_adapter(op), case, 2)  # the recorded path, after the inference one
+    assert len(calls) == 2
+    assert_same(got_y, y.numpy(), f"{op} recorded vs {mode} output")
+    assert_same(got_g, want_g, f"{op} gradient after {mode}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_roi_pool_keeps_an_int32_argmax_for_its_backward(dtype, monkeypatch):
+    """The recorded roi_pool keeps Paddle's h*W + w argmax as int32 (half the memory of
+    Paddle's int64) and still gives Paddle's gradient; the legacy return_argmax hands out
+    Paddle's int64 argmax, recorded or not."""
+    case = hard_cases("roi_pool", dtype)["bins_57_29"]
+    calls = _spy_core(monkeypatch, "roi_pool")
+    got_y, got_g = run(rp.roi_pool, case, 3)
+    (kw, (_, argmax)), = calls
+    assert kw["return_argmax"] and argmax.dtype == np.int32
+    want = _native_argmax(case)
+    assert_same(argmax.astype(np.int64), want, "int32 argmax values")
+    want_y, want_g = run(native.roi_pool, case, 3)
+    assert_same(got_y, want_y, "output")
+    assert_same(got_g, want_g, "gradient")
+    for grad in (False, True):
+        x = tensor(case["x"], grad=grad)
+        y, am = rl.roi_pool(x, tensor(case["boxes"]), 7, 7, 1.0,
+                            rois_num=tensor(case["counts"], "int32"), return_argmax=True)
+        assert am.dtype == paddle.int64 and am.stop_gradient
+        assert_same(am.numpy(), want, f"legacy argmax (grad={grad})")
+        assert_same(y.numpy(), want_y, f"legacy output (grad={grad})")
+        if grad:
+            y.backward(tensor(np.random.default_rng(3).standard_normal(y.shape), dtype))
+            assert_same(x.grad.numpy(), want_g, "legacy gradient")
+
+
 def test_boxes_get_no_gradient():
     x = tensor(np.ones((1, 2, 6, 6)), "float32", grad=True)
     b = tensor([[0, 0, 4, 4]], "float32", grad=True)
