@@ -20,13 +20,17 @@ Three ways in, one computation:
 
 * NDArray inputs: an ``mx.autograd.Function``, so ``mx.autograd.record()`` /
   ``backward()`` give the gradient of ``data``; ``rois`` get a zero gradient, as in MXNet.
+  Outside ``record()`` no gradient can be asked for: the core is called directly and
+  ROIPooling computes no argmax (MXNet's hidden ``maxidx``, which only its backward reads).
 * Symbol inputs (``mx.sym`` graphs, and a hybridized ``HybridBlock``, whose
   ``hybrid_forward`` receives Symbols): a registered ``mx.operator.CustomOp``
   (op types ``roicore_ROIPooling``, ``roicore_PSROIPooling``, ``roicore_ROIAlign``), used
   through ``mx.sym.Custom``.  ROIPooling's CustomOp has MXNet's hidden second output
   ``maxidx`` (int32) and the function returns the first output only, as MXNet does.
-* ``out=``: as in MXNet, an NDArray to write the result into (one copy);
-  ``ROIPooling(..., out=[y, maxidx])`` also fills ``maxidx``.  Not under autograd recording.
+* ``out=``: as in MXNet, an NDArray to write the result into (written in place when it
+  is a CPU NDArray of data's float32/float64 dtype, else copied);
+  ``ROIPooling(..., out=[y, maxidx])`` also fills ``maxidx`` (a copy).  Not under autograd
+  recording.
 
 Validation beyond roicore.core's (which checks shapes, dtypes, batch indices and
 coordinates, and raises ValueError/TypeError before any kernel runs):
@@ -48,8 +52,10 @@ coordinates, and raises ValueError/TypeError before any kernel runs):
 Copies: on CPU, NDArrays are handed to the core and results handed back through DLPack
 (``mx.nd.to_dlpack_for_read`` / ``np.from_dlpack``, ``ndarray.__dlpack__`` /
 ``mx.nd.from_dlpack``) without copying; inputs on another device go through
-``asnumpy()`` and ``mx.nd.array(..., ctx=...)``.  The CustomOp path copies each result once
-more, into the buffer MXNet allocated for the output (``CustomOp.assign``).
+``asnumpy()`` and ``mx.nd.array(..., ctx=...)``.  The CustomOp path writes the result
+straight into the buffer MXNet allocated for it (float32/float64 with ``req="write"``;
+otherwise, and for ROIPooling's ``maxidx``, one copy through ``CustomOp.assign``); the
+gradient is copied once into MXNet's gradient buffer.
 
 Importing this module imports mxnet.  MXNet 1.9.1 reads NumPy names that NumPy 1.24 and
 2.x removed (``np.bool``, ``np.PZERO``, ...); the missing ones are set for the duration of
@@ -165,6 +171,35 @@ class _DLPackReader:
         return (1, 0)  # kDLCPU
 
 
+class _DLPackWriter(_DLPackReader):
+    __slots__ = ()
+
+    def __dlpack__(self, stream=None):
+        return mx.nd.to_dlpack_for_write(self.array)  # waits for pending reads and writes
+
+
+class _WritableView:
+    """Exposes a read-only array's memory as writable (np.asarray(view)); keeps it alive."""
+
+    __slots__ = ("__array_interface__", "_owner")
+
+    def __init__(self, array):
+        interface = dict(array.__array_interface__)
+        interface["data"] = (interface["data"][0], False)
+        self.__array_interface__ = interface
+        self._owner = array
+
+
+def _output_view(a, dtype):
+    """A writable NumPy view of NDArray ``a`` for the core's ``out=``, or None when ``a``
+    cannot be written in place (not a dense CPU array of ``dtype``, float32 or float64)."""
+    if (a.context.device_type != "cpu" or a.stype != "default" or not a.size
+            or a.dtype != dtype or a.dtype not in (np.float32, np.float64)):
+        return None
+    view = np.asarray(_WritableView(np.from_dlpack(_DLPackWriter(a))))
+    return view if view.flags.c_contiguous else None
+
+
 def _as_ndarray(a, ctx):
     """An NDArray on ``ctx`` holding NumPy array ``a`` (shared, not copied, on CPU)."""
     if ctx.device_type == "cpu" and a.size and a.flags.c_contiguous and a.flags.writeable:
@@ -215,24 +250,35 @@ def _parse(value):
     return ast.literal_eval(value) if isinstance(value, str) else value
 
 
-def _write_out(out, results, op):
+def _write_out(out, op, params, data, rois):
+    """Forward into MXNet-style ``out=``: an NDArray, or [output, maxidx] for ROIPooling."""
     if mx.autograd.is_recording():
         raise ValueError(f"{op}: out= is not supported under mx.autograd.record(); use the "
                          "returned NDArray")
     outs = list(out) if isinstance(out, (list, tuple)) else [out]
-    if not 1 <= len(outs) <= len(results):
+    if not 1 <= len(outs) <= (2 if op == "ROIPooling" else 1):
         raise ValueError(f"{op}: out must be an NDArray"
-                         + (" or a list [output, maxidx]" if len(results) > 1 else ""))
-    for dst, src in zip(outs, results):
-        dst[:] = src
+                         + (" or a list [output, maxidx]" if op == "ROIPooling" else ""))
+    x, r = _as_numpy(data), _as_numpy(rois)
+    view = _output_view(outs[0], x.dtype) if isinstance(outs[0], mx.nd.NDArray) else None
+    if view is not None and (np.shares_memory(view, x) or np.shares_memory(view, r)):
+        view = None  # out aliases an input: compute first, then copy
+    results = _OPS[op][0](params, x, r, out=view, argmax=len(outs) > 1)
+    for i, (dst, src) in enumerate(zip(outs, results)):
+        if i or view is None:
+            dst[:] = src
     return out
 
 
 # ------------------------------------------------------------------------------ core calls
-# Each op is (forward(params, x, rois) -> outputs, backward(params, dy, rois, x_shape, outputs)).
-def _roi_pool_forward(p, x, rois):
-    return core.roi_pool(x, rois, p["pooled_size"], p["spatial_scale"], convention="mxnet",
-                         return_argmax=True, n_threads=p["n_threads"])
+# Each op is (forward(params, x, rois, out, argmax) -> outputs,
+#             backward(params, dy, rois, x_shape, outputs)).
+# ``out``: None or the array to write the output into; ``argmax``: whether ROIPooling also
+# returns its argmax (MXNet's maxidx, needed by its backward only).
+def _roi_pool_forward(p, x, rois, out=None, argmax=True):
+    res = core.roi_pool(x, rois, p["pooled_size"], p["spatial_scale"], convention="mxnet",
+                        return_argmax=argmax, n_threads=p["n_threads"], out=out)
+    return res if argmax else (res,)
 
 
 def _roi_pool_backward(p, dy, rois, x_shape, outputs):
@@ -240,10 +286,10 @@ def _roi_pool_backward(p, dy, rois, x_shape, outputs):
                                   argmax=outputs[1], n_threads=p["n_threads"])
 
 
-def _psroi_forward(p, x, rois):
+def _psroi_forward(p, x, rois, out=None, argmax=True):
     return (core.psroi_pool(x, rois, p["pooled_size"], p["spatial_scale"],
                             output_channels=p["output_dim"], group_size=p["group_size"] or None,
-                            convention="mxnet", n_threads=p["n_threads"]),)
+                            convention="mxnet", n_threads=p["n_threads"], out=out),)
 
 
 def _psroi_backward(p, dy, rois, x_shape, outputs):
@@ -252,9 +298,9 @@ def _psroi_backward(p, dy, rois, x_shape, outputs):
                                     n_threads=p["n_threads"])
 
 
-def _align_forward(p, x, rois):
+def _align_forward(p, x, rois, out=None, argmax=True):
     return (core.roi_align(x, rois, p["pooled_size"], p["spatial_scale"], p["sample_ratio"],
-                           p["aligned"], convention="mxnet", n_threads=p["n_threads"]),)
+                           p["aligned"], convention="mxnet", n_threads=p["n_threads"], out=out),)
 
 
 def _align_backward(p, dy, rois, x_shape, outputs):
@@ -279,7 +325,7 @@ class _Function(mx.autograd.Function):
         self._params = params
 
     def forward(self, data, rois):
-        outputs = self._forward(self._params, _as_numpy(data), _as_numpy(rois))
+        outputs = self._forward(self._params, _as_numpy(data), _as_numpy(rois), argmax=True)
         self._outputs = outputs[1:]  # ROIPooling's argmax (NumPy, owned here)
         self._x_shape = data.shape
         self.save_for_backward(rois)
@@ -301,9 +347,10 @@ def _call(op, data, rois, params, out, name):
         return sym[0] if op == "ROIPooling" else sym
     _check_inputs(data, rois, op)
     if out is not None:
-        forward = _OPS[op][0]
-        results = forward(params, _as_numpy(data), _as_numpy(rois))
-        return _write_out(out, results, op)
+        return _write_out(out, op, params, data, rois)
+    if not mx.autograd.is_recording():  # no gradient can be asked for: no argmax either
+        y = _OPS[op][0](params, _as_numpy(data), _as_numpy(rois), argmax=False)[0]
+        return _as_ndarray(y, data.context)
     return _Function(op, params)(data, rois)
 
 
@@ -361,9 +408,14 @@ class _CustomOp(mx.operator.CustomOp):
         self._params = params
 
     def forward(self, is_train, req, in_data, out_data, aux):
-        results = self._forward(self._params, _as_numpy(in_data[0]), _as_numpy(in_data[1]))
-        for dst, r, src in zip(out_data, req, results):
-            self.assign(dst, r, _as_ndarray(src, dst.context))
+        # maxidx is computed even when not is_train: under record(train_mode=False) MXNet
+        # still runs the backward, and nothing here tells whether it will.
+        x = _as_numpy(in_data[0])
+        view = _output_view(out_data[0], x.dtype) if req[0] == "write" else None
+        results = self._forward(self._params, x, _as_numpy(in_data[1]), out=view, argmax=True)
+        for i, (dst, r, src) in enumerate(zip(out_data, req, results)):
+            if i or view is None:
+                self.assign(dst, r, _as_ndarray(src, dst.context))
 
     def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
         outputs = (None,) + tuple(_as_numpy(o) for o in out_data[1:])
