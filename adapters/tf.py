@@ -28,9 +28,23 @@ Arithmetic (the roicore convention each op reproduces bit for bit; see
 This module does no arithmetic of its own: it checks arguments, transposes NHWC <-> NCHW
 (``tf.transpose``, one copy of the input in the forward pass and one of the output, and the
 same for the gradient; NCHW input avoids both), swaps the box columns to roicore's
-``[x1, y1, x2, y2]`` (a K x 4 copy) and calls :mod:`roicore.core` through
-``tf.numpy_function``.  Gradients flow to ``images`` only (``tf.custom_gradient``); boxes
-and box_indices get none.
+``[x1, y1, x2, y2]`` (a K x 4 copy) and calls :mod:`roicore.core`.  Gradients flow to
+``images`` only (``tf.custom_gradient``); boxes and box_indices get none.
+
+How the core is called, and what it costs:
+
+* Eagerly, on CPU tensors: directly, on NumPy views of the tensors (``np.asarray``, no
+  copy), and the results become tensors through DLPack (no copy).  When no
+  ``GradientTape`` records the images, no gradient can be asked for, so
+  ``roi_pool(method="max")`` computes no argmax.  (``tf.numpy_function`` would copy the
+  inputs and the outputs in eager mode.)
+* In a graph (``tf.function``, Keras ``fit``/``predict``) and for tensors on other devices:
+  through ``tf.numpy_function``, which hands the inputs over without a copy and keeps the
+  outputs without a copy too, as the results are allocated 64-byte aligned (the gradient
+  of ``images``, allocated by roicore.core, is copied once).  ``roi_pool(method="max")``
+  always computes its argmax here: the same traced graph serves inference and, when a tape
+  watches the call, training, so whether a gradient will be asked for is not known when
+  the op is built.
 
 Supported: eager execution, ``tf.function`` (static output shapes are set), Keras 3
 layers (:class:`RoIPool`, :class:`PSRoIPool`, :class:`RoIAlign`, serialisable through
@@ -65,6 +79,10 @@ try:
     from tensorflow.python.saved_model.save_context import in_save_context as _in_save
 except ImportError:  # pragma: no cover
     _in_save = None
+try:  # private: whether an eager GradientTape records a tensor (else: always assume one does)
+    from tensorflow.python.eager import record as _record
+except ImportError:  # pragma: no cover
+    _record = None
 
 __all__ = ["roi_pool", "psroi_pool", "roi_align", "RoIPool", "PSRoIPool", "RoIAlign",
            "CONVENTIONS"]
@@ -162,9 +180,67 @@ def _xyxy(boxes, box_indices, n_images):
     return b[:, [1, 0, 3, 2]], i
 
 
+_ALIGNMENT = 64  # TensorFlow's EIGEN_MAX_ALIGN_BYTES / Allocator::kAllocatorAlignment
+
+
+def _aligned_empty(shape, dtype):
+    """np.empty, 64-byte aligned: TensorFlow keeps such a numpy_function result without a
+    copy (it copies arrays that are not aligned to EIGEN_MAX_ALIGN_BYTES)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % _ALIGNMENT
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def _out_buffer(x, k, channels, out_hw):
+    """An aligned output buffer for the core's ``out=``, or None to let the core allocate
+    (float16, which the core computes in float32, or a channel count the core will refuse)."""
+    if x.ndim != 4 or x.dtype not in (np.float32, np.float64) or channels is None:
+        return None
+    return _aligned_empty((k, channels, *out_hw), x.dtype)
+
+
+_HOST_DEVICE = []
+
+
+def _host_device():
+    """The device of tensors made from NumPy arrays through DLPack."""
+    if not _HOST_DEVICE:
+        _HOST_DEVICE.append(tf.experimental.dlpack.from_dlpack(
+            np.zeros(1, np.float32).__dlpack__()).device)
+    return _HOST_DEVICE[0]
+
+
+def _eager_on_host(*tensors):
+    return tf.executing_eagerly() and all(t.device == _host_device() for t in tensors)
+
+
+def _to_tensor(a):
+    """An eager tensor sharing NumPy array ``a``'s memory (DLPack) when it is 64-byte
+    aligned, else a copy.  TF's from_dlpack accepts unaligned memory, but its kernels then
+    abort the process (``Check failed: IsAligned()``)."""
+    if (a.size and a.flags.c_contiguous and a.flags.writeable
+            and a.ctypes.data % _ALIGNMENT == 0):
+        return tf.experimental.dlpack.from_dlpack(a.__dlpack__())
+    return tf.convert_to_tensor(a)
+
+
+def _may_need_gradient(x):
+    """Whether a GradientTape records eager tensor ``x`` (so a gradient may be asked for)."""
+    if _record is None:  # pragma: no cover - TF layout without the private module
+        return True
+    return _record.could_possibly_record() and _record.should_record_backprop([x])
+
+
 def _apply(op, name, images, boxes, box_indices, data_format, out_hw, out_channels, forward,
            backward, with_argmax=False):
-    """images (any format) -> NCHW -> core forward/backward via numpy_function -> format."""
+    """images (any format) -> NCHW -> core forward/backward -> format.
+
+    ``forward(x, boxes, box_indices, argmax)`` runs on NumPy arrays and returns y, or
+    (y, argmax) when asked for one (ops ``with_argmax``); ``backward(dy, boxes,
+    box_indices, x_shape, *saved)`` returns dx.
+    """
     _refuse_unsupported(op)
     data_format = _data_format(data_format)
     with tf.name_scope(name or op):
@@ -174,30 +250,67 @@ def _apply(op, name, images, boxes, box_indices, data_format, out_hw, out_channe
         c = x.shape[1] if x.shape.rank else None
         k = boxes.shape[0] if boxes.shape.rank else None
         out_shape = [k, out_channels(c), *out_hw]
-
-        @tf.custom_gradient
-        def _op(x, boxes, box_indices):
-            if with_argmax:
-                y, argmax = tf.numpy_function(forward, [x, boxes, box_indices],
-                                              [x.dtype, tf.int32], stateful=False, name=op)
-                saved = [argmax]
-            else:
-                y = tf.numpy_function(forward, [x, boxes, box_indices], x.dtype,
-                                      stateful=False, name=op)
-                saved = []
-            y.set_shape(out_shape)
-
-            def grad(dy):
-                dx = tf.numpy_function(
-                    backward, [dy, boxes, box_indices, tf.shape(x, out_type=tf.int64), *saved],
-                    x.dtype, stateful=False, name=op + "_grad")
-                dx.set_shape(x.shape)
-                return dx, None, None
-
-            return y, grad
-
-        y = _op(x, boxes, box_indices)
+        if _eager_on_host(x, boxes, box_indices):
+            y = _eager(op, x, boxes, box_indices, forward, backward, with_argmax)
+        else:
+            y = _graph(op, x, boxes, box_indices, out_shape, forward, backward, with_argmax)
+        y.set_shape(out_shape)
         return y if data_format == "NCHW" else tf.transpose(y, [0, 2, 3, 1])
+
+
+def _eager(op, x, boxes, box_indices, forward, backward, with_argmax):
+    """Eager, on the host: the core on zero-copy NumPy views of the tensors.  Without a tape
+    recording x no gradient can be asked for: no custom gradient, no argmax.  Otherwise
+    what the backward needs (the argmax) stays a NumPy array in the gradient's closure."""
+    xa, ba, ia = np.asarray(x), np.asarray(boxes), np.asarray(box_indices)
+    if not _may_need_gradient(x):
+        return _to_tensor(forward(xa, ba, ia, False))
+
+    @tf.custom_gradient
+    def _op(x, boxes, box_indices):
+        res = forward(xa, ba, ia, with_argmax)
+        y, *saved = res if with_argmax else (res,)
+        shape = np.array(xa.shape, np.int64)
+
+        def backward_numpy(dy):
+            return backward(dy, ba, ia, shape, *saved)
+
+        def grad(dy):
+            if _eager_on_host(dy):
+                dx = _to_tensor(backward_numpy(np.asarray(dy)))
+            else:  # pragma: no cover - a gradient taken outside eager mode
+                dx = tf.numpy_function(backward_numpy, [dy], x.dtype, stateful=False,
+                                       name=op + "_grad")
+                dx.set_shape(x.shape)
+            return dx, None, None
+
+        return _to_tensor(y), grad
+
+    return _op(x, boxes, box_indices)
+
+
+def _graph(op, x, boxes, box_indices, out_shape, forward, backward, with_argmax):
+    """In a graph (or off the host): tf.numpy_function, always with the argmax."""
+    @tf.custom_gradient
+    def _op(x, boxes, box_indices):
+        def forward_saving(x, b, i):
+            return forward(x, b, i, with_argmax)
+
+        dtypes = [x.dtype, tf.int32] if with_argmax else [x.dtype]
+        y, *saved = tf.numpy_function(forward_saving, [x, boxes, box_indices], dtypes,
+                                      stateful=False, name=op)
+        y.set_shape(out_shape)
+
+        def grad(dy):
+            dx = tf.numpy_function(
+                backward, [dy, boxes, box_indices, tf.shape(x, out_type=tf.int64), *saved],
+                x.dtype, stateful=False, name=op + "_grad")
+            dx.set_shape(x.shape)
+            return dx, None, None
+
+        return y, grad
+
+    return _op(x, boxes, box_indices)
 
 
 def _same_channels(c):
@@ -254,11 +367,12 @@ def roi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, method=
                              f"spatial_scale={spatial_scale!r}")
         rules = CONVENTIONS["roi_pool/bilinear"]
 
-        def forward(x, b, i):
+        def forward(x, b, i, argmax):
             xyxy, i = _xyxy(b, i, x.shape[0])
             return core.roi_pool(x, xyxy, out_hw, batch_indices=i, method="bilinear",
                                  convention=rules, extrapolation_value=extrapolation_value,
-                                 n_threads=n_threads)
+                                 n_threads=n_threads,
+                                 out=_out_buffer(x, len(xyxy), x.shape[1], out_hw))
 
         def backward(dy, b, i, shape):
             xyxy, i = _xyxy(b, i, shape[0])
@@ -269,11 +383,14 @@ def roi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, method=
         return _apply("roi_pool", name, images, boxes, box_indices, data_format, out_hw,
                       _same_channels, forward, backward)
 
-    def forward(x, b, i):
+    def forward(x, b, i, with_argmax):
         xyxy, i = _xyxy(b, i, x.shape[0])
-        y, argmax = core.roi_pool(x, xyxy, out_hw, spatial_scale, batch_indices=i,
-                                  method="max", convention=_MAX_RULES, return_argmax=True,
-                                  n_threads=n_threads)
+        res = core.roi_pool(x, xyxy, out_hw, spatial_scale, batch_indices=i, method="max",
+                            convention=_MAX_RULES, return_argmax=with_argmax,
+                            n_threads=n_threads, out=_out_buffer(x, len(xyxy), x.shape[1], out_hw))
+        if not with_argmax:
+            return res
+        y, argmax = res
         if argmax.dtype != np.int32:
             raise ValueError(f"feature maps of {x.shape[2]}x{x.shape[3]} >= 2**31 pixels per "
                              "plane are not supported by roicore.adapters.tf.roi_pool")
@@ -329,11 +446,14 @@ def psroi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, outpu
             return output_channels if isinstance(output_channels, numbers.Integral) else None
         return c // (gh * gw) if c is not None and c % (gh * gw) == 0 else None
 
-    def forward(x, b, i):
+    def forward(x, b, i, argmax):
         xyxy, i = _xyxy(b, i, x.shape[0])
+        d = out_channels(x.shape[1])
+        if d is not None and d * gh * gw != x.shape[1]:
+            d = None  # the core explains the mismatch
         return core.psroi_pool(x, xyxy, out_hw, spatial_scale, output_channels=output_channels,
                                group_size=group_size, batch_indices=i, convention=rules,
-                               n_threads=n_threads)
+                               n_threads=n_threads, out=_out_buffer(x, len(xyxy), d, out_hw))
 
     def backward(dy, b, i, shape):
         xyxy, i = _xyxy(b, i, shape[0])
@@ -374,10 +494,11 @@ def roi_align(images, boxes, box_indices, output_size, spatial_scale=1.0, sampli
     core.effective_n_threads(n_threads)
     rules = CONVENTIONS["roi_align"]
 
-    def forward(x, b, i):
+    def forward(x, b, i, argmax):
         xyxy, i = _xyxy(b, i, x.shape[0])
         return core.roi_align(x, xyxy, out_hw, spatial_scale, sampling_ratio, aligned,
-                              batch_indices=i, convention=rules, n_threads=n_threads)
+                              batch_indices=i, convention=rules, n_threads=n_threads,
+                              out=_out_buffer(x, len(xyxy), x.shape[1], out_hw))
 
     def backward(dy, b, i, shape):
         xyxy, i = _xyxy(b, i, shape[0])
