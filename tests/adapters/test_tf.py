@@ -154,6 +154,78 @@ def test_n_threads_does_not_change_results():
 
 
 # ---------------------------------------------------------------------------------------
+# How the core is called: eager zero-copy views, argmax only when a tape records
+
+def _spy_core(monkeypatch, name):
+    """Record (args, kwargs, result) of every roicore.core.<name> call."""
+    calls = []
+    real = getattr(core, name)
+
+    def spy(*a, **kw):
+        res = real(*a, **kw)
+        calls.append((a, kw, res))
+        return res
+
+    monkeypatch.setattr(core, name, spy)
+    return calls
+
+
+_CORE_NAME = {"roi_pool_max": "roi_pool", "roi_pool_bilinear": "roi_pool",
+              "psroi_pool": "psroi_pool", "roi_align": "roi_align"}
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_eager_call_without_tape_computes_no_argmax(op, monkeypatch):
+    """No GradientTape records the images: the core is called directly, without an argmax,
+    on a view of the images' memory (no copy), and its aligned result becomes the output
+    tensor (no copy); a taped call afterwards gives the same output and the gradient."""
+    x, boxes, idx = make_case(op, 3)
+    images = tf.constant(x)
+    calls = _spy_core(monkeypatch, _CORE_NAME[op])
+    y = call_adapter(op, images, boxes, idx, "NCHW")
+    (args, kw, res), = calls
+    assert not kw.get("return_argmax", False)
+    assert args[0].ctypes.data == np.asarray(images).ctypes.data  # the images, not a copy
+    assert res is kw["out"] and res.ctypes.data % 64 == 0
+    assert np.asarray(y).ctypes.data == res.ctypes.data           # the output, not a copy
+    y_core = core_forward(op, x, boxes, idx)
+    np.testing.assert_array_equal(y.numpy(), y_core)
+    dy = np.random.default_rng(4).standard_normal(y_core.shape).astype(np.float32)
+    y2, g = forward_and_grad(op, x, boxes, idx, dy, "NCHW")
+    assert calls[-1][1].get("return_argmax", False) == (op == "roi_pool_max")
+    np.testing.assert_array_equal(y2.numpy(), y_core)
+    np.testing.assert_array_equal(g.numpy(), core_backward(op, dy, x, boxes, idx))
+    with tf.GradientTape() as tape:  # a tape that does not watch the images changes nothing
+        call_adapter(op, images, boxes, idx, "NCHW")
+    assert not calls[-1][1].get("return_argmax", False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_eager_outputs_are_aligned_for_tf_kernels(dtype):
+    """TF's kernels abort on unaligned memory; every eager result (float16 ones, computed
+    by the core into its own buffer, included) must feed TF's binary ops."""
+    x, boxes, idx = make_case("roi_pool_max", 1, dtype)
+    dy = np.ones(core_forward("roi_pool_max", x, boxes, idx).shape, dtype)
+    y, g = forward_and_grad("roi_pool_max", x, boxes, idx, dy, "NCHW")
+    for t in (y, g):
+        assert np.asarray(t).ctypes.data % 64 == 0
+        np.testing.assert_array_equal((t * 2).numpy(), t.numpy() * 2)
+
+
+def test_tf_function_results_are_aligned_core_buffers(monkeypatch):
+    """In a graph tf.numpy_function keeps 64-byte-aligned results without a copy: the core
+    writes into such a buffer; and the argmax is computed, as a tape may watch the call."""
+    x, boxes, idx = make_case("roi_pool_max", 2)
+    calls = _spy_core(monkeypatch, "roi_pool")
+    y = tf.function(lambda im: call_adapter("roi_pool_max", im, boxes, idx, "NCHW"))(
+        tf.constant(x))
+    (_, kw, res), = calls
+    assert kw["return_argmax"] and kw["out"] is res[0] and res[0].ctypes.data % 64 == 0
+    assert np.asarray(y).ctypes.data == res[0].ctypes.data  # kept, not copied
+    np.testing.assert_array_equal(y.numpy(), core_forward("roi_pool_max", x, boxes, idx))
+
+
+# ---------------------------------------------------------------------------------------
 # Gradients vs numerical differentiation (float64)
 
 @pytest.mark.parametrize("data_format", FORMATS)
