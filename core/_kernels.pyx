@@ -264,7 +264,8 @@ def roi_pool_max_forward(const floating[:, :, :, ::1] x,      # IN  (N, C, H, W)
                               &ws[k, 0], &we[k, 0])
     if compare == CMP_GREATER and not start_first and H * W < 2**31:
         _max_pool_channels_last(_to_nhwc(x, n_threads), batch, hs, he, ws, we, init, out,
-                                argmax, want_argmax, n_threads)
+                                argmax, want_argmax, global_index, n_threads)
+        return
     else:
         if not want_argmax:
             argmax = np.empty((K, C, PH, PW), np.int64 if index_t is int64_t else np.int32)
@@ -276,24 +277,22 @@ def roi_pool_max_forward(const floating[:, :, :, ::1] x,      # IN  (N, C, H, W)
                                 &hs[k, 0], &he[k, 0], &ws[k, 0], &we[k, 0],
                                 compare, init, start_first, &out[k, c, 0, 0], &argmax[k, c, 0, 0])
     if want_argmax and global_index:
-        _plane_to_global(argmax, batch, C, H * W, n_threads)
+        with nogil:
+            for k in prange(K, num_threads=n_threads, schedule="static"):
+                _box_to_global(&argmax[k, 0, 0, 0], batch[k], C, PH * PW, H * W)
 
 
-cdef void _plane_to_global(index_t[:, :, :, ::1] argmax, const int64_t[::1] batch, Py_ssize_t C,
-                           Py_ssize_t HW, int n_threads) noexcept:
-    """h*W + w -> flat index into (N, C, H, W), in place; -1 stays -1."""
-    cdef Py_ssize_t K = argmax.shape[0], P = argmax.shape[2] * argmax.shape[3], kc, k, c, p
-    cdef index_t* a
+cdef inline void _box_to_global(index_t* a, int64_t b, Py_ssize_t C, Py_ssize_t P,
+                               Py_ssize_t HW) noexcept nogil:
+    """One box's (C, P) argmax block, h*W + w -> flat index into (N, C, H, W) for image b,
+    in place; -1 stays -1."""
+    cdef Py_ssize_t c, p
     cdef int64_t base
-    with nogil:
-        for kc in prange(K * C, num_threads=n_threads, schedule="static"):
-            k = kc // C
-            c = kc % C
-            base = (batch[k] * C + c) * HW
-            a = &argmax[k, c, 0, 0]
-            for p in range(P):
-                if a[p] >= 0:
-                    a[p] = <index_t>(a[p] + base)
+    for c in range(C):
+        base = (b * C + c) * HW
+        for p in range(P):
+            if a[c * P + p] >= 0:
+                a[c * P + p] = <index_t>(a[c * P + p] + base)
 
 
 def check_argmax(const index_t[:, :, :, ::1] argmax, const int64_t[::1] batch, Py_ssize_t HW,
@@ -343,11 +342,12 @@ cdef void _max_pool_channels_last(const floating[:, :, :, ::1] xt, const int64_t
                                   const int64_t[:, ::1] hs, const int64_t[:, ::1] he,
                                   const int64_t[:, ::1] ws, const int64_t[:, ::1] we,
                                   floating initial, floating[:, :, :, ::1] out,
-                                  index_t[:, :, :, ::1] argmax, bint want_argmax, int n_threads):
+                                  index_t[:, :, :, ::1] argmax, bint want_argmax,
+                                  bint global_index, int n_threads):
     """One box per task: accumulate (bin, channel) maxima in a thread-local buffer, then
     write the box's (C, PH, PW) output block."""
     cdef Py_ssize_t K = out.shape[0], C = out.shape[1], PH = out.shape[2], PW = out.shape[3]
-    cdef Py_ssize_t W = xt.shape[2], P = PH * PW, Cs = _padded(C)
+    cdef Py_ssize_t W = xt.shape[2], HW = xt.shape[1] * xt.shape[2], P = PH * PW, Cs = _padded(C)
     cdef Py_ssize_t k, ph, pw, p, h, w, c
     # one (bin, channel) accumulator per thread, indexed by the OpenMP thread number
     cdef floating[:, ::1] acc_buf = np.empty((n_threads, P * Cs), _dtype(<floating>0))
@@ -381,6 +381,8 @@ cdef void _max_pool_channels_last(const floating[:, :, :, ::1] xt, const int64_t
             _unpack(acc, Cs, P, C, &out[k, 0, 0, 0], P)
             if want_argmax:
                 _unpack_index(arg, Cs, P, C, &argmax[k, 0, 0, 0])
+                if global_index:  # while the block is still in cache
+                    _box_to_global(&argmax[k, 0, 0, 0], batch[k], C, P, HW)
 
 
 def roi_pool_max_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C, PH, PW)
