@@ -295,34 +295,6 @@ cdef inline void _box_to_global(index_t* a, int64_t b, Py_ssize_t C, Py_ssize_t 
                 a[c * P + p] = <index_t>(a[c * P + p] + base)
 
 
-def check_argmax(const index_t[:, :, :, ::1] argmax, const int64_t[::1] batch, Py_ssize_t HW,
-                 bint global_index, int n_threads=1):
-    """Validation, not computation: the first flat position whose value is neither -1 nor
-    a pixel of its own (box, channel) plane, or -1 when all are valid.  The backward
-    kernel writes through these indices, so ops.py refuses the call on any bad one.
-    Counted in parallel; the first bad position is searched for only when there is one."""
-    cdef Py_ssize_t K = argmax.shape[0], C = argmax.shape[1], P = argmax.shape[2] * argmax.shape[3]
-    cdef Py_ssize_t kc, p
-    cdef int64_t lo, v, n_bad = 0
-    cdef const index_t* a
-    with nogil:
-        for kc in prange(K * C, num_threads=n_threads, schedule="static"):
-            lo = (batch[kc // C] * C + kc % C) * HW if global_index else 0
-            a = &argmax[kc // C, kc % C, 0, 0]
-            for p in range(P):
-                v = a[p]
-                n_bad += (v != -1) and (v < lo or v >= lo + HW)
-    if n_bad == 0:
-        return -1
-    for kc in range(K * C):
-        lo = (batch[kc // C] * C + kc % C) * HW if global_index else 0
-        a = &argmax[kc // C, kc % C, 0, 0]
-        for p in range(P):
-            v = a[p]
-            if v != -1 and (v < lo or v >= lo + HW):
-                return kc * P + p
-
-
 cdef floating[:, :, :, ::1] _to_nhwc(const floating[:, :, :, ::1] x, int n_threads):
     """A C-contiguous (N, H, W, C) copy of x, written in parallel."""
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
@@ -386,26 +358,31 @@ cdef void _max_pool_channels_last(const floating[:, :, :, ::1] xt, const int64_t
 
 
 def roi_pool_max_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C, PH, PW)
-                          const index_t[:, :, :, ::1] argmax,        # IN  (K, C, PH, PW), checked
+                          const index_t[:, :, :, ::1] argmax,        # IN  (K, C, PH, PW)
                           const int64_t[::1] batch,                  # IN  (K,)
                           bint global_index,
                           floating[:, :, :, ::1] grad_input,         # OUT (N, C, H, W), zeroed
                           int n_threads):
-    """Scatter each output gradient to its argmax.  Each thread owns a contiguous block of
-    channels and walks the boxes in order, reading each box's block of (channel, bin)
-    gradients and indices as one contiguous run; per channel the additions keep the
-    frameworks' (box, ph, pw) order, so no atomics are needed and every thread count gives
-    the same bits."""
+    """Scatter each output gradient to its argmax; returns the number of argmax values
+    that are neither -1 nor a pixel of their own (box, channel) plane.
+
+    Such values are skipped, never followed, and ops.py raises when the count is not 0:
+    validating here, in the same pass, saves a separate read of the whole argmax (as much
+    data as the gradient itself).  Each thread owns a contiguous block of channels and
+    walks the boxes in order, reading each box's block of (channel, bin) gradients and
+    indices as one contiguous run; per channel the additions keep the frameworks' (box,
+    ph, pw) order, so no atomics are needed and every thread count gives the same bits."""
     cdef Py_ssize_t K = grad_output.shape[0], C = grad_output.shape[1]
     cdef Py_ssize_t P = grad_output.shape[2] * grad_output.shape[3]
     cdef Py_ssize_t HW = grad_input.shape[2] * grad_input.shape[3]
     cdef Py_ssize_t blk, c0, c1, c, k, p
     cdef int n_blocks = <int>min(n_threads, C)
+    cdef int64_t lo, v, n_bad = 0
     cdef floating* plane
     cdef const floating* g
     cdef const index_t* a
     if K == 0 or C == 0:
-        return
+        return 0
     with nogil:
         for blk in prange(n_blocks, num_threads=n_threads, schedule="static"):
             c0 = blk * C // n_blocks
@@ -413,13 +390,16 @@ def roi_pool_max_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C
             for k in range(K):
                 for c in range(c0, c1):
                     plane = &grad_input[batch[k], c, 0, 0]
-                    if global_index:  # make a flat index relative to this plane
-                        plane = plane - (batch[k] * C + c) * HW
+                    lo = (batch[k] * C + c) * HW if global_index else 0
                     g = &grad_output[k, c, 0, 0]
                     a = &argmax[k, c, 0, 0]
                     for p in range(P):
-                        if a[p] >= 0:
-                            plane[a[p]] += g[p]
+                        v = a[p] - lo
+                        if 0 <= v < HW:
+                            plane[v] += g[p]
+                        elif a[p] != -1:
+                            n_bad += 1
+    return n_bad
 
 
 # ---------------------------------------------------------------------------------------
