@@ -68,9 +68,11 @@ cdef extern from "roicore_simd.h":
     void roicore_region_mean_f64(const double* img, int64_t W, int64_t S, int64_t h0, int64_t h1,
                                  int64_t w0, int64_t w1, int64_t n, double* out) noexcept nogil
     void roicore_region_add_f32(float* img, int64_t W, int64_t S, int64_t h0, int64_t h1,
-                                int64_t w0, int64_t w1, int64_t n, const float* diff) noexcept nogil
+                                int64_t w0, int64_t w1, int64_t n, const float* g,
+                                int64_t gstride, float* scratch) noexcept nogil
     void roicore_region_add_f64(double* img, int64_t W, int64_t S, int64_t h0, int64_t h1,
-                                int64_t w0, int64_t w1, int64_t n, const double* diff) noexcept nogil
+                                int64_t w0, int64_t w1, int64_t n, const double* g,
+                                int64_t gstride, double* scratch) noexcept nogil
 
 ctypedef fused index_t:
     int32_t
@@ -296,17 +298,17 @@ cdef inline void _box_to_global(index_t* a, int64_t b, Py_ssize_t C, Py_ssize_t 
 
 
 cdef floating[:, :, :, ::1] _to_nhwc(const floating[:, :, :, ::1] x, int n_threads):
-    """A C-contiguous (N, H, W, C) copy of x, written in parallel."""
-    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
-    cdef Py_ssize_t nh, n, h, w, c
-    cdef floating[:, :, :, ::1] xt = np.empty((N, H, W, C), _dtype(<floating>0))
+    """A C-contiguous (N, H, W, C) copy of x, in parallel blocks of 256 pixels."""
+    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], HW = x.shape[2] * x.shape[3]
+    cdef Py_ssize_t n_chunks = (HW + 255) // 256, chunk, n, p0
+    cdef floating[:, :, :, ::1] xt = np.empty((N, x.shape[2], x.shape[3], C), _dtype(<floating>0))
+    if N == 0 or C == 0 or HW == 0:
+        return xt
     with nogil:
-        for nh in prange(N * H, num_threads=n_threads, schedule="static"):
-            n = nh // H
-            h = nh % H
-            for c in range(C):
-                for w in range(W):
-                    xt[n, h, w, c] = x[n, c, h, w]
+        for chunk in prange(N * n_chunks, num_threads=n_threads, schedule="static"):
+            n = chunk // n_chunks
+            p0 = (chunk % n_chunks) * 256
+            _pack(&x[n, 0, 0, 0] + p0, HW, min(256, HW - p0), C, &xt[n, 0, 0, 0] + p0 * C, C)
     return xt
 
 
@@ -615,11 +617,12 @@ cdef inline void _region_mean(const floating* img, Py_ssize_t W, Py_ssize_t S, i
 
 cdef inline void _region_add(floating* img, Py_ssize_t W, Py_ssize_t S, int64_t h0,
                              int64_t h1, int64_t w0, int64_t w1, Py_ssize_t n,
-                             const floating* diff) noexcept nogil:
+                             const floating* g, Py_ssize_t gstride,
+                             floating* scratch) noexcept nogil:
     if floating is float:
-        roicore_region_add_f32(img, W, S, h0, h1, w0, w1, n, diff)
+        roicore_region_add_f32(img, W, S, h0, h1, w0, w1, n, g, gstride, scratch)
     else:
-        roicore_region_add_f64(img, W, S, h0, h1, w0, w1, n, diff)
+        roicore_region_add_f64(img, W, S, h0, h1, w0, w1, n, g, gstride, scratch)
 
 
 def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), C_in = D*GH*GW
@@ -631,7 +634,7 @@ def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), 
     """Average of each bin, one group cell per task (see above)."""
     cdef Py_ssize_t K = boxes.shape[0], N = x.shape[0], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t D = out.shape[1], PH = out.shape[2], PW = out.shape[3]
-    cdef Py_ssize_t G = GH * GW, HW = H * W, S = _padded(D), k, n, g, gh, gw, ph, pw, d, j
+    cdef Py_ssize_t G = GH * GW, HW = H * W, S = (D + 7) // 8 * 8, k, n, g, gh, gw, ph, pw, d, j
     cdef floating* slab
     cdef floating* dst
     cdef const floating* src
@@ -659,6 +662,9 @@ def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), 
                         dst = dst + D
     with nogil:
         for k in prange(K, num_threads=n_threads, schedule="static"):
+            if GH == PH and GW == PW:  # g is the pooled cell: one transpose per box
+                _unpack(&staged[0, k, 0, 0], K * D, G, D, &out[k, 0, 0, 0], G)
+                continue
             for g in range(G):
                 gh = g // GW
                 gw = g % GW
@@ -681,8 +687,7 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
     cdef Py_ssize_t K = grad_output.shape[0], D = grad_output.shape[1]
     cdef Py_ssize_t PH = grad_output.shape[2], PW = grad_output.shape[3]
     cdef Py_ssize_t N = grad_input.shape[0], H = grad_input.shape[2], W = grad_input.shape[3]
-    cdef Py_ssize_t G = GH * GW, HW = H * W, S = _padded(D), k, n, g, gh, gw, ph, pw, d, i
-    cdef floating area
+    cdef Py_ssize_t G = GH * GW, HW = H * W, S = (D + 7) // 8 * 8, k, n, g, gh, gw, ph, pw, d, i
     cdef floating* slab
     cdef floating* diff
     if K == 0 or D == 0:
@@ -701,16 +706,10 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
                 slab[i] = 0
             for k in range(K):
                 for ph in range(r0[gh], r1[gh]):
-                    if he[k, ph] <= hs[k, ph]:
-                        continue
                     for pw in range(q0[gw], q1[gw]):
-                        if we[k, pw] <= ws[k, pw]:
-                            continue
-                        area = <floating>((he[k, ph] - hs[k, ph]) * (we[k, pw] - ws[k, pw]))
-                        for d in range(D):
-                            diff[d] = grad_output[k, d, ph, pw] / area
                         _region_add(slab + batch[k] * HW * S, W, S, hs[k, ph], he[k, ph],
-                                    ws[k, pw], we[k, pw], D, diff)
+                                    ws[k, pw], we[k, pw], D, &grad_output[k, 0, ph, pw],
+                                    PH * PW, diff)
             for n in range(N):
                 _unpack(slab + n * HW * S, S, HW, D, &grad_input[n, g, 0, 0], G * HW)
 
