@@ -68,9 +68,11 @@ cdef extern from "roicore_simd.h":
     void roicore_region_mean_f64(const double* img, int64_t W, int64_t S, int64_t h0, int64_t h1,
                                  int64_t w0, int64_t w1, int64_t n, double* out) noexcept nogil
     void roicore_region_add_f32(float* img, int64_t W, int64_t S, int64_t h0, int64_t h1,
-                                int64_t w0, int64_t w1, int64_t n, const float* diff) noexcept nogil
+                                int64_t w0, int64_t w1, int64_t n, const float* g,
+                                int64_t gstride, float* scratch) noexcept nogil
     void roicore_region_add_f64(double* img, int64_t W, int64_t S, int64_t h0, int64_t h1,
-                                int64_t w0, int64_t w1, int64_t n, const double* diff) noexcept nogil
+                                int64_t w0, int64_t w1, int64_t n, const double* g,
+                                int64_t gstride, double* scratch) noexcept nogil
 
 ctypedef fused index_t:
     int32_t
@@ -264,7 +266,8 @@ def roi_pool_max_forward(const floating[:, :, :, ::1] x,      # IN  (N, C, H, W)
                               &ws[k, 0], &we[k, 0])
     if compare == CMP_GREATER and not start_first and H * W < 2**31:
         _max_pool_channels_last(_to_nhwc(x, n_threads), batch, hs, he, ws, we, init, out,
-                                argmax, want_argmax, n_threads)
+                                argmax, want_argmax, global_index, n_threads)
+        return
     else:
         if not want_argmax:
             argmax = np.empty((K, C, PH, PW), np.int64 if index_t is int64_t else np.int32)
@@ -276,66 +279,36 @@ def roi_pool_max_forward(const floating[:, :, :, ::1] x,      # IN  (N, C, H, W)
                                 &hs[k, 0], &he[k, 0], &ws[k, 0], &we[k, 0],
                                 compare, init, start_first, &out[k, c, 0, 0], &argmax[k, c, 0, 0])
     if want_argmax and global_index:
-        _plane_to_global(argmax, batch, C, H * W, n_threads)
+        with nogil:
+            for k in prange(K, num_threads=n_threads, schedule="static"):
+                _box_to_global(&argmax[k, 0, 0, 0], batch[k], C, PH * PW, H * W)
 
 
-cdef void _plane_to_global(index_t[:, :, :, ::1] argmax, const int64_t[::1] batch, Py_ssize_t C,
-                           Py_ssize_t HW, int n_threads) noexcept:
-    """h*W + w -> flat index into (N, C, H, W), in place; -1 stays -1."""
-    cdef Py_ssize_t K = argmax.shape[0], P = argmax.shape[2] * argmax.shape[3], kc, k, c, p
-    cdef index_t* a
+cdef inline void _box_to_global(index_t* a, int64_t b, Py_ssize_t C, Py_ssize_t P,
+                               Py_ssize_t HW) noexcept nogil:
+    """One box's (C, P) argmax block, h*W + w -> flat index into (N, C, H, W) for image b,
+    in place; -1 stays -1."""
+    cdef Py_ssize_t c, p
     cdef int64_t base
-    with nogil:
-        for kc in prange(K * C, num_threads=n_threads, schedule="static"):
-            k = kc // C
-            c = kc % C
-            base = (batch[k] * C + c) * HW
-            a = &argmax[k, c, 0, 0]
-            for p in range(P):
-                if a[p] >= 0:
-                    a[p] = <index_t>(a[p] + base)
-
-
-def check_argmax(const index_t[:, :, :, ::1] argmax, const int64_t[::1] batch, Py_ssize_t HW,
-                 bint global_index, int n_threads=1):
-    """Validation, not computation: the first flat position whose value is neither -1 nor
-    a pixel of its own (box, channel) plane, or -1 when all are valid.  The backward
-    kernel writes through these indices, so ops.py refuses the call on any bad one.
-    Counted in parallel; the first bad position is searched for only when there is one."""
-    cdef Py_ssize_t K = argmax.shape[0], C = argmax.shape[1], P = argmax.shape[2] * argmax.shape[3]
-    cdef Py_ssize_t kc, p
-    cdef int64_t lo, v, n_bad = 0
-    cdef const index_t* a
-    with nogil:
-        for kc in prange(K * C, num_threads=n_threads, schedule="static"):
-            lo = (batch[kc // C] * C + kc % C) * HW if global_index else 0
-            a = &argmax[kc // C, kc % C, 0, 0]
-            for p in range(P):
-                v = a[p]
-                n_bad += (v != -1) and (v < lo or v >= lo + HW)
-    if n_bad == 0:
-        return -1
-    for kc in range(K * C):
-        lo = (batch[kc // C] * C + kc % C) * HW if global_index else 0
-        a = &argmax[kc // C, kc % C, 0, 0]
+    for c in range(C):
+        base = (b * C + c) * HW
         for p in range(P):
-            v = a[p]
-            if v != -1 and (v < lo or v >= lo + HW):
-                return kc * P + p
+            if a[c * P + p] >= 0:
+                a[c * P + p] = <index_t>(a[c * P + p] + base)
 
 
 cdef floating[:, :, :, ::1] _to_nhwc(const floating[:, :, :, ::1] x, int n_threads):
-    """A C-contiguous (N, H, W, C) copy of x, written in parallel."""
-    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], H = x.shape[2], W = x.shape[3]
-    cdef Py_ssize_t nh, n, h, w, c
-    cdef floating[:, :, :, ::1] xt = np.empty((N, H, W, C), _dtype(<floating>0))
+    """A C-contiguous (N, H, W, C) copy of x, in parallel blocks of 256 pixels."""
+    cdef Py_ssize_t N = x.shape[0], C = x.shape[1], HW = x.shape[2] * x.shape[3]
+    cdef Py_ssize_t n_chunks = (HW + 255) // 256, chunk, n, p0
+    cdef floating[:, :, :, ::1] xt = np.empty((N, x.shape[2], x.shape[3], C), _dtype(<floating>0))
+    if N == 0 or C == 0 or HW == 0:
+        return xt
     with nogil:
-        for nh in prange(N * H, num_threads=n_threads, schedule="static"):
-            n = nh // H
-            h = nh % H
-            for c in range(C):
-                for w in range(W):
-                    xt[n, h, w, c] = x[n, c, h, w]
+        for chunk in prange(N * n_chunks, num_threads=n_threads, schedule="static"):
+            n = chunk // n_chunks
+            p0 = (chunk % n_chunks) * 256
+            _pack(&x[n, 0, 0, 0] + p0, HW, min(256, HW - p0), C, &xt[n, 0, 0, 0] + p0 * C, C)
     return xt
 
 
@@ -343,11 +316,12 @@ cdef void _max_pool_channels_last(const floating[:, :, :, ::1] xt, const int64_t
                                   const int64_t[:, ::1] hs, const int64_t[:, ::1] he,
                                   const int64_t[:, ::1] ws, const int64_t[:, ::1] we,
                                   floating initial, floating[:, :, :, ::1] out,
-                                  index_t[:, :, :, ::1] argmax, bint want_argmax, int n_threads):
+                                  index_t[:, :, :, ::1] argmax, bint want_argmax,
+                                  bint global_index, int n_threads):
     """One box per task: accumulate (bin, channel) maxima in a thread-local buffer, then
     write the box's (C, PH, PW) output block."""
     cdef Py_ssize_t K = out.shape[0], C = out.shape[1], PH = out.shape[2], PW = out.shape[3]
-    cdef Py_ssize_t W = xt.shape[2], P = PH * PW, Cs = _padded(C)
+    cdef Py_ssize_t W = xt.shape[2], HW = xt.shape[1] * xt.shape[2], P = PH * PW, Cs = _padded(C)
     cdef Py_ssize_t k, ph, pw, p, h, w, c
     # one (bin, channel) accumulator per thread, indexed by the OpenMP thread number
     cdef floating[:, ::1] acc_buf = np.empty((n_threads, P * Cs), _dtype(<floating>0))
@@ -381,29 +355,36 @@ cdef void _max_pool_channels_last(const floating[:, :, :, ::1] xt, const int64_t
             _unpack(acc, Cs, P, C, &out[k, 0, 0, 0], P)
             if want_argmax:
                 _unpack_index(arg, Cs, P, C, &argmax[k, 0, 0, 0])
+                if global_index:  # while the block is still in cache
+                    _box_to_global(&argmax[k, 0, 0, 0], batch[k], C, P, HW)
 
 
 def roi_pool_max_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C, PH, PW)
-                          const index_t[:, :, :, ::1] argmax,        # IN  (K, C, PH, PW), checked
+                          const index_t[:, :, :, ::1] argmax,        # IN  (K, C, PH, PW)
                           const int64_t[::1] batch,                  # IN  (K,)
                           bint global_index,
                           floating[:, :, :, ::1] grad_input,         # OUT (N, C, H, W), zeroed
                           int n_threads):
-    """Scatter each output gradient to its argmax.  Each thread owns a contiguous block of
-    channels and walks the boxes in order, reading each box's block of (channel, bin)
-    gradients and indices as one contiguous run; per channel the additions keep the
-    frameworks' (box, ph, pw) order, so no atomics are needed and every thread count gives
-    the same bits."""
+    """Scatter each output gradient to its argmax; returns the number of argmax values
+    that are neither -1 nor a pixel of their own (box, channel) plane.
+
+    Such values are skipped, never followed, and ops.py raises when the count is not 0:
+    validating here, in the same pass, saves a separate read of the whole argmax (as much
+    data as the gradient itself).  Each thread owns a contiguous block of channels and
+    walks the boxes in order, reading each box's block of (channel, bin) gradients and
+    indices as one contiguous run; per channel the additions keep the frameworks' (box,
+    ph, pw) order, so no atomics are needed and every thread count gives the same bits."""
     cdef Py_ssize_t K = grad_output.shape[0], C = grad_output.shape[1]
     cdef Py_ssize_t P = grad_output.shape[2] * grad_output.shape[3]
     cdef Py_ssize_t HW = grad_input.shape[2] * grad_input.shape[3]
     cdef Py_ssize_t blk, c0, c1, c, k, p
     cdef int n_blocks = <int>min(n_threads, C)
+    cdef int64_t lo, v, n_bad = 0
     cdef floating* plane
     cdef const floating* g
     cdef const index_t* a
     if K == 0 or C == 0:
-        return
+        return 0
     with nogil:
         for blk in prange(n_blocks, num_threads=n_threads, schedule="static"):
             c0 = blk * C // n_blocks
@@ -411,13 +392,16 @@ def roi_pool_max_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C
             for k in range(K):
                 for c in range(c0, c1):
                     plane = &grad_input[batch[k], c, 0, 0]
-                    if global_index:  # make a flat index relative to this plane
-                        plane = plane - (batch[k] * C + c) * HW
+                    lo = (batch[k] * C + c) * HW if global_index else 0
                     g = &grad_output[k, c, 0, 0]
                     a = &argmax[k, c, 0, 0]
                     for p in range(P):
-                        if a[p] >= 0:
-                            plane[a[p]] += g[p]
+                        v = a[p] - lo
+                        if 0 <= v < HW:
+                            plane[v] += g[p]
+                        elif a[p] != -1:
+                            n_bad += 1
+    return n_bad
 
 
 # ---------------------------------------------------------------------------------------
@@ -633,11 +617,12 @@ cdef inline void _region_mean(const floating* img, Py_ssize_t W, Py_ssize_t S, i
 
 cdef inline void _region_add(floating* img, Py_ssize_t W, Py_ssize_t S, int64_t h0,
                              int64_t h1, int64_t w0, int64_t w1, Py_ssize_t n,
-                             const floating* diff) noexcept nogil:
+                             const floating* g, Py_ssize_t gstride,
+                             floating* scratch) noexcept nogil:
     if floating is float:
-        roicore_region_add_f32(img, W, S, h0, h1, w0, w1, n, diff)
+        roicore_region_add_f32(img, W, S, h0, h1, w0, w1, n, g, gstride, scratch)
     else:
-        roicore_region_add_f64(img, W, S, h0, h1, w0, w1, n, diff)
+        roicore_region_add_f64(img, W, S, h0, h1, w0, w1, n, g, gstride, scratch)
 
 
 def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), C_in = D*GH*GW
@@ -649,7 +634,7 @@ def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), 
     """Average of each bin, one group cell per task (see above)."""
     cdef Py_ssize_t K = boxes.shape[0], N = x.shape[0], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t D = out.shape[1], PH = out.shape[2], PW = out.shape[3]
-    cdef Py_ssize_t G = GH * GW, HW = H * W, S = _padded(D), k, n, g, gh, gw, ph, pw, d, j
+    cdef Py_ssize_t G = GH * GW, HW = H * W, S = (D + 7) // 8 * 8, k, n, g, gh, gw, ph, pw, d, j
     cdef floating* slab
     cdef floating* dst
     cdef const floating* src
@@ -677,6 +662,9 @@ def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), 
                         dst = dst + D
     with nogil:
         for k in prange(K, num_threads=n_threads, schedule="static"):
+            if GH == PH and GW == PW:  # g is the pooled cell: one transpose per box
+                _unpack(&staged[0, k, 0, 0], K * D, G, D, &out[k, 0, 0, 0], G)
+                continue
             for g in range(G):
                 gh = g // GW
                 gw = g % GW
@@ -699,8 +687,7 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
     cdef Py_ssize_t K = grad_output.shape[0], D = grad_output.shape[1]
     cdef Py_ssize_t PH = grad_output.shape[2], PW = grad_output.shape[3]
     cdef Py_ssize_t N = grad_input.shape[0], H = grad_input.shape[2], W = grad_input.shape[3]
-    cdef Py_ssize_t G = GH * GW, HW = H * W, S = _padded(D), k, n, g, gh, gw, ph, pw, d, i
-    cdef floating area
+    cdef Py_ssize_t G = GH * GW, HW = H * W, S = (D + 7) // 8 * 8, k, n, g, gh, gw, ph, pw, d, i
     cdef floating* slab
     cdef floating* diff
     if K == 0 or D == 0:
@@ -719,16 +706,10 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
                 slab[i] = 0
             for k in range(K):
                 for ph in range(r0[gh], r1[gh]):
-                    if he[k, ph] <= hs[k, ph]:
-                        continue
                     for pw in range(q0[gw], q1[gw]):
-                        if we[k, pw] <= ws[k, pw]:
-                            continue
-                        area = <floating>((he[k, ph] - hs[k, ph]) * (we[k, pw] - ws[k, pw]))
-                        for d in range(D):
-                            diff[d] = grad_output[k, d, ph, pw] / area
                         _region_add(slab + batch[k] * HW * S, W, S, hs[k, ph], he[k, ph],
-                                    ws[k, pw], we[k, pw], D, diff)
+                                    ws[k, pw], we[k, pw], D, &grad_output[k, 0, ph, pw],
+                                    PH * PW, diff)
             for n in range(N):
                 _unpack(slab + n * HW * S, S, HW, D, &grad_input[n, g, 0, 0], G * HW)
 

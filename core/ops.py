@@ -187,9 +187,9 @@ def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, bat
         if argmax is None:
             raise TypeError("roi_pool_backward(method='max') needs the argmax returned by "
                             "roi_pool(..., return_argmax=True)")
-        _kernels.roi_pool_max_backward(g, _checked_argmax(argmax, rules, g.shape, batch, shape,
-                                                          threads),
-                                       batch, rules.argmax == "global", dx, threads)
+        if _kernels.roi_pool_max_backward(g, _argmax_array(argmax, rules, g.shape, shape), batch,
+                                          rules.argmax == "global", dx, threads):
+            raise _argmax_error(rules, shape)
     else:
         if argmax is not None:
             raise ValueError("argmax is only used by method='max'; bilinear pooling has none")
@@ -198,10 +198,11 @@ def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, bat
     return dx.astype(out_dtype, copy=False)
 
 
-def _checked_argmax(argmax, rules, expected_shape, batch, input_shape, n_threads):
-    """An argmax from the forward, as a C-contiguous int32/int64 array whose every value is
-    -1 or a pixel of its own (box, channel) plane in the convention's encoding; the backward
-    kernel writes through these indices, so nothing else may pass."""
+def _argmax_array(argmax, rules, expected_shape, input_shape):
+    """An argmax from the forward as a C-contiguous int32/int64 array.  Its values are
+    checked by the backward kernel, which follows only -1 or a pixel of the entry's own
+    (box, channel) plane in the convention's encoding, and counts anything else so that
+    the call raises (_argmax_error) instead of returning a gradient."""
     a = np.asarray(argmax)
     if a.dtype.kind not in "iu":
         raise TypeError(f"argmax must have an integer dtype, got {a.dtype}")
@@ -212,11 +213,7 @@ def _checked_argmax(argmax, rules, expected_shape, batch, input_shape, n_threads
         if a.size and (a.min() < -1 or a.max() >= np.prod(input_shape, dtype=np.int64)):
             raise _argmax_error(rules, input_shape)
         a = a.astype(np.int64)
-    a = np.ascontiguousarray(a)
-    if _kernels.check_argmax(a, batch, input_shape[2] * input_shape[3],
-                             rules.argmax == "global", n_threads) >= 0:
-        raise _argmax_error(rules, input_shape)
-    return a
+    return np.ascontiguousarray(a)
 
 
 def _argmax_error(rules, input_shape):
