@@ -34,17 +34,21 @@ same for the gradient; NCHW input avoids both), swaps the box columns to roicore
 How the core is called, and what it costs:
 
 * Eagerly, on CPU tensors: directly, on NumPy views of the tensors (``np.asarray``, no
-  copy), and the results become tensors through DLPack (no copy).  When no
+  copy), and the results become tensors through DLPack (no copy; TF needs them 64-byte
+  aligned, so the gradient of ``images``, which roicore.core allocates, is copied once).
+  When no
   ``GradientTape`` records the images, no gradient can be asked for, so
   ``roi_pool(method="max")`` computes no argmax.  (``tf.numpy_function`` would copy the
   inputs and the outputs in eager mode.)
 * In a graph (``tf.function``, Keras ``fit``/``predict``) and for tensors on other devices:
   through ``tf.numpy_function``, which hands the inputs over without a copy and keeps the
   outputs without a copy too, as the results are allocated 64-byte aligned (the gradient
-  of ``images``, allocated by roicore.core, is copied once).  ``roi_pool(method="max")``
-  always computes its argmax here: the same traced graph serves inference and, when a tape
-  watches the call, training, so whether a gradient will be asked for is not known when
-  the op is built.
+  of ``images`` and the argmax, allocated by roicore.core, are copied once).
+  ``roi_pool(method="max")`` computes its argmax here: the same traced graph serves
+  inference and, when a tape watches the call, training, so whether a gradient will be
+  asked for is not known when the op is built.  The exception is the :class:`RoIPool`
+  layer called with ``training=False`` (Keras ``predict``/``evaluate``): its forward pass
+  computes no argmax, and a gradient asked for all the same recomputes it.
 
 Supported: eager execution, ``tf.function`` (static output shapes are set), Keras 3
 layers (:class:`RoIPool`, :class:`PSRoIPool`, :class:`RoIAlign`, serialisable through
@@ -234,12 +238,14 @@ def _may_need_gradient(x):
 
 
 def _apply(op, name, images, boxes, box_indices, data_format, out_hw, out_channels, forward,
-           backward, with_argmax=False):
+           backward, with_argmax=False, graph_argmax=True):
     """images (any format) -> NCHW -> core forward/backward -> format.
 
     ``forward(x, boxes, box_indices, argmax)`` runs on NumPy arrays and returns y, or
     (y, argmax) when asked for one (ops ``with_argmax``); ``backward(dy, boxes,
-    box_indices, x_shape, *saved)`` returns dx.
+    box_indices, x_shape, *saved)`` returns dx.  ``graph_argmax=False`` (a Keras layer
+    called with ``training=False``): in a graph the forward pass computes no argmax, and a
+    gradient, should one be asked for all the same, recomputes it.
     """
     _refuse_unsupported(op)
     data_format = _data_format(data_format)
@@ -253,7 +259,8 @@ def _apply(op, name, images, boxes, box_indices, data_format, out_hw, out_channe
         if _eager_on_host(x, boxes, box_indices):
             y = _eager(op, x, boxes, box_indices, forward, backward, with_argmax)
         else:
-            y = _graph(op, x, boxes, box_indices, out_shape, forward, backward, with_argmax)
+            y = _graph(op, x, boxes, box_indices, out_shape, forward, backward, with_argmax,
+                       graph_argmax)
         y.set_shape(out_shape)
         return y if data_format == "NCHW" else tf.transpose(y, [0, 2, 3, 1])
 
@@ -289,22 +296,44 @@ def _eager(op, x, boxes, box_indices, forward, backward, with_argmax):
     return _op(x, boxes, box_indices)
 
 
-def _graph(op, x, boxes, box_indices, out_shape, forward, backward, with_argmax):
-    """In a graph (or off the host): tf.numpy_function, always with the argmax."""
+def _graph(op, x, boxes, box_indices, out_shape, forward, backward, with_argmax,
+           graph_argmax=True):
+    """In a graph (or off the host): tf.numpy_function.  The argmax is computed by the
+    forward pass unless ``graph_argmax`` is False; then a gradient recomputes it."""
+    saving = with_argmax and graph_argmax
+
     @tf.custom_gradient
     def _op(x, boxes, box_indices):
         def forward_saving(x, b, i):
-            return forward(x, b, i, with_argmax)
+            res = forward(x, b, i, saving)
+            if not saving:
+                return res
+            # TF copies an unaligned result with page faults on 4 KiB pages; NumPy's copy
+            # into an aligned buffer (which TF then keeps) costs about a quarter of that.
+            # The core allocates the argmax itself (it has no argmax out=).
+            y, argmax = res
+            if argmax.ctypes.data % _ALIGNMENT:
+                aligned = _aligned_empty(argmax.shape, argmax.dtype)
+                np.copyto(aligned, argmax)
+                argmax = aligned
+            return y, argmax
 
-        dtypes = [x.dtype, tf.int32] if with_argmax else [x.dtype]
+        dtypes = [x.dtype, tf.int32] if saving else [x.dtype]
         y, *saved = tf.numpy_function(forward_saving, [x, boxes, box_indices], dtypes,
                                       stateful=False, name=op)
         y.set_shape(out_shape)
 
+        def recompute_and_backward(dy, b, i, shape, x):
+            return backward(dy, b, i, shape, forward(x, b, i, True)[1])
+
         def grad(dy):
-            dx = tf.numpy_function(
-                backward, [dy, boxes, box_indices, tf.shape(x, out_type=tf.int64), *saved],
-                x.dtype, stateful=False, name=op + "_grad")
+            shape = tf.shape(x, out_type=tf.int64)
+            if with_argmax and not saving:
+                dx = tf.numpy_function(recompute_and_backward, [dy, boxes, box_indices, shape, x],
+                                       x.dtype, stateful=False, name=op + "_grad")
+            else:
+                dx = tf.numpy_function(backward, [dy, boxes, box_indices, shape, *saved],
+                                       x.dtype, stateful=False, name=op + "_grad")
             dx.set_shape(x.shape)
             return dx, None, None
 
@@ -356,6 +385,12 @@ def roi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, method=
       and float64 images are computed in float64 (crop_and_resize always computes and
       returns float32); crop_and_resize's box gradient is not provided.
     """
+    return _roi_pool(images, boxes, box_indices, output_size, spatial_scale, method,
+                     extrapolation_value, data_format, name, n_threads)
+
+
+def _roi_pool(images, boxes, box_indices, output_size, spatial_scale, method,
+              extrapolation_value, data_format, name, n_threads, graph_argmax=True):
     if method not in ("max", "bilinear"):
         raise ValueError(f"method must be 'max' or 'bilinear', got {method!r}")
     out_hw = _pair(output_size, "output_size")
@@ -403,7 +438,8 @@ def roi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, method=
                                       n_threads=n_threads)
 
     return _apply("roi_pool", name, images, boxes, box_indices, data_format, out_hw,
-                  _same_channels, forward, backward, with_argmax=True)
+                  _same_channels, forward, backward, with_argmax=True,
+                  graph_argmax=graph_argmax)
 
 
 def psroi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, output_channels=None,
@@ -558,7 +594,9 @@ class RoIPool(_RoILayer):
 
     Boxes are ABSOLUTE [y1, x1, y2, x2] for method="max" and normalised as crop_and_resize's
     for method="bilinear"; ``data_format`` is Keras' ("channels_last" by default, from
-    ``keras.config.image_data_format()``) or "NHWC"/"NCHW".
+    ``keras.config.image_data_format()``) or "NHWC"/"NCHW".  Called with
+    ``training=False`` in a graph, method="max" keeps no argmax for a gradient (see the
+    module docstring).
     """
 
     _op = staticmethod(roi_pool)
@@ -573,6 +611,14 @@ class RoIPool(_RoILayer):
             raise ValueError(f"method must be 'max' or 'bilinear', got {method!r}")
         self.method = method
         self.extrapolation_value = float(extrapolation_value)
+
+    def call(self, images, boxes, box_indices, training=None):
+        # training=False (Keras predict / evaluate): in a graph the forward pass computes no
+        # argmax; a gradient taken all the same recomputes it.
+        return _roi_pool(images, boxes, box_indices, self.output_size, self.spatial_scale,
+                         self.method, self.extrapolation_value,
+                         _KERAS_FORMATS[self.data_format], None, self.n_threads,
+                         graph_argmax=training is not False)
 
 
 @keras.saving.register_keras_serializable(package="roicore")

@@ -223,6 +223,18 @@ def test_tf_function_results_are_aligned_core_buffers(monkeypatch):
     assert kw["return_argmax"] and kw["out"] is res[0] and res[0].ctypes.data % 64 == 0
     assert np.asarray(y).ctypes.data == res[0].ctypes.data  # kept, not copied
     np.testing.assert_array_equal(y.numpy(), core_forward("roi_pool_max", x, boxes, idx))
+    # the graph's argmax output is aligned too (so TF keeps it) and the gradient is right
+    dy = np.random.default_rng(5).standard_normal(y.shape).astype(np.float32)
+
+    @tf.function
+    def grad(im):
+        with tf.GradientTape() as tape:
+            tape.watch(im)
+            out = call_adapter("roi_pool_max", im, boxes, idx, "NCHW")
+        return tape.gradient(out, im, output_gradients=dy)
+
+    np.testing.assert_array_equal(grad(tf.constant(x)).numpy(),
+                                  core_backward("roi_pool_max", dy, x, boxes, idx))
 
 
 # ---------------------------------------------------------------------------------------
@@ -337,6 +349,49 @@ def test_keras_layer_equals_op():
     np.testing.assert_array_equal(layer(x, boxes, idx),
                                   call_adapter("roi_align", x, boxes, idx, "NCHW"))
     assert layer.get_config()["data_format"] == "channels_first"
+
+
+def test_keras_roi_pool_training_false_skips_the_argmax_in_a_graph(monkeypatch):
+    """RoIPool called with training=False (Keras predict) in a graph computes no argmax in
+    the forward pass; a gradient taken all the same recomputes it and is still the core's;
+    training=True (fit) computes it in the forward pass."""
+    x, boxes, idx = make_case("roi_pool_max", 5)
+    layer = rtf.RoIPool((3, 2), 0.5, data_format="NCHW")
+    y_core = core_forward("roi_pool_max", x, boxes, idx)
+    dy = np.random.default_rng(6).standard_normal(y_core.shape).astype(np.float32)
+    g_core = core_backward("roi_pool_max", dy, x, boxes, idx)
+    calls = _spy_core(monkeypatch, "roi_pool")
+
+    @tf.function
+    def run(im, training):
+        with tf.GradientTape() as tape:
+            tape.watch(im)
+            y = layer(im, boxes, idx, training=training)
+        return y, tape.gradient(y, im, output_gradients=dy)
+
+    @tf.function
+    def predict(im):
+        return layer(im, boxes, idx, training=False)
+
+    np.testing.assert_array_equal(predict(tf.constant(x)).numpy(), y_core)
+    assert [kw.get("return_argmax", False) for _, kw, _ in calls] == [False]
+    for training, argmax_calls in ((False, [False, True]), (True, [True])):
+        del calls[:]
+        y, g = run(tf.constant(x), training)
+        # (in a graph the two ops have no order: the recompute needs x only)
+        assert sorted(kw.get("return_argmax", False) for _, kw, _ in calls) == argmax_calls
+        np.testing.assert_array_equal(y.numpy(), y_core)
+        np.testing.assert_array_equal(g.numpy(), g_core)
+    # Keras predict: one box per image, as Keras slices every input alike
+    x, boxes, _ = make_case("roi_pool_max", 5, N=4, K=4)
+    idx = np.arange(4, dtype=np.int32)
+    inputs = [keras.Input((3, 9, 11)), keras.Input((4,)), keras.Input((), dtype="int32")]
+    model = keras.Model(inputs, layer(*inputs))
+    del calls[:]
+    np.testing.assert_array_equal(model.predict([x, boxes, idx], batch_size=4, verbose=0),
+                                  core_forward("roi_pool_max", x, boxes, idx))
+    assert calls[0][1]["return_argmax"] is False
+    assert not any(kw.get("return_argmax", False) for _, kw, _ in calls)
 
 
 def test_keras_jit_compile_true_falls_back_with_a_warning():
