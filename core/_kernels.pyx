@@ -56,11 +56,11 @@ cdef extern from "roicore_simd.h":
                                     const int64_t* xhi, const double* xlw, const double* xhw,
                                     const double* g, double count) noexcept nogil
     void roicore_transpose_f32(const float* src, int64_t in_stride, int64_t R, int64_t Cc,
-                               float* dst, int64_t out_stride) noexcept nogil
+                               float* dst, int64_t out_stride, int pad) noexcept nogil
     void roicore_transpose_f64(const double* src, int64_t in_stride, int64_t R, int64_t Cc,
-                               double* dst, int64_t out_stride) noexcept nogil
+                               double* dst, int64_t out_stride, int pad) noexcept nogil
     void roicore_transpose_i32(const int32_t* src, int64_t in_stride, int64_t R, int64_t Cc,
-                               int32_t* dst, int64_t out_stride) noexcept nogil
+                               int32_t* dst, int64_t out_stride, int pad) noexcept nogil
     void roicore_transpose_i32_i64(const int32_t* src, int64_t in_stride, int64_t R, int64_t Cc,
                                    int64_t* dst, int64_t out_stride) noexcept nogil
     void roicore_region_mean_f32(const float* img, int64_t W, int64_t S, int64_t h0, int64_t h1,
@@ -126,27 +126,28 @@ cdef inline void _unpack(const floating* src, Py_ssize_t stride, Py_ssize_t P, P
     """(pixel or bin, channel) rows `stride` apart -> channel planes `cstride` apart:
     dst[c*cstride + p] = src[p*stride + c]."""
     if floating is float:
-        roicore_transpose_f32(src, stride, P, C, dst, cstride)
+        roicore_transpose_f32(src, stride, P, C, dst, cstride, 0)
     else:
-        roicore_transpose_f64(src, stride, P, C, dst, cstride)
+        roicore_transpose_f64(src, stride, P, C, dst, cstride, 0)
 
 
 cdef inline void _unpack_index(const int32_t* src, Py_ssize_t stride, Py_ssize_t P,
                                Py_ssize_t C, index_t* dst) noexcept nogil:
     if index_t is int32_t:
-        roicore_transpose_i32(src, stride, P, C, dst, P)
+        roicore_transpose_i32(src, stride, P, C, dst, P, 0)
     else:
         roicore_transpose_i32_i64(src, stride, P, C, dst, P)
 
 
 cdef inline void _pack(const floating* src, Py_ssize_t cstride, Py_ssize_t P, Py_ssize_t C,
-                       floating* dst, Py_ssize_t stride) noexcept nogil:
+                       floating* dst, Py_ssize_t stride, bint pad=False) noexcept nogil:
     """Channel planes `cstride` apart -> (pixel or bin, channel) rows `stride` apart:
-    dst[p*stride + c] = src[c*cstride + p]."""
+    dst[p*stride + c] = src[c*cstride + p].  With `pad`, rows get round_up(C, 8) values,
+    the last channel repeated (stride must allow it)."""
     if floating is float:
-        roicore_transpose_f32(src, cstride, C, P, dst, stride)
+        roicore_transpose_f32(src, cstride, C, P, dst, stride, pad)
     else:
-        roicore_transpose_f64(src, cstride, C, P, dst, stride)
+        roicore_transpose_f64(src, cstride, C, P, dst, stride, pad)
 
 
 # ---------------------------------------------------------------------------------------
@@ -599,11 +600,13 @@ cdef _group_ranges(Py_ssize_t G, Py_ssize_t P, floating witness):
 
 # Both passes run one group cell g = (gh, gw) per task.  The D input channels of a cell,
 # d*GH*GW + g, share every bin's rows and columns, so the task first gathers them into a
-# (pixel, d) slab (about 180 KiB for R-FCN's 21 x 38 x 50 map: it stays in L2) and then
-# pools each bin for all D channels at once with vector adds.  Each channel's sum still
-# runs from 0 in the frameworks' (h, w) order, and each channel's gradient receives its
-# additions in their serial (box, ph, pw, h, w) order, so results are bit-identical and
-# independent of the thread count.  Pooled values are staged as (g, K, M, D), contiguous
+# (pixel, d) slab with rows of S = round_up(D, 8) (about 180 KiB for R-FCN's 21 x 38 x 50
+# map: it stays in L2) and then pools each bin for all D channels at once with vector adds.
+# Each channel's sum still runs from 0 in the frameworks' (h, w) order, and each channel's
+# gradient receives its additions in their serial (box, ph, pw, h, w) order, so results
+# are bit-identical and independent of the thread count.  The forward fills the S - D
+# padding lanes with copies of channel D - 1 and pools them too (whole vectors, no scalar
+# tail); they are never written out.  Pooled values are staged as (g, K, M, S), contiguous
 # for the task, and moved to (K, D, PH, PW) afterwards, one box per task.
 
 cdef inline void _region_mean(const floating* img, Py_ssize_t W, Py_ssize_t S, int64_t h0,
@@ -645,25 +648,25 @@ def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), 
     cdef int64_t[:, ::1] hs = plan.hs, he = plan.he, ws = plan.ws, we = plan.we
     cdef Py_ssize_t[::1] r0 = plan.r0, r1 = plan.r1, q0 = plan.q0, q1 = plan.q1
     cdef floating[:, ::1] slab_buf = np.empty((n_threads, N * HW * S), _dtype(<floating>0))
-    cdef floating[:, :, :, ::1] staged = np.empty((G, K, M, D), _dtype(<floating>0))
+    cdef floating[:, :, :, ::1] staged = np.empty((G, K, M, S), _dtype(<floating>0))
     with nogil, parallel(num_threads=n_threads):
         slab = &slab_buf[omp_get_thread_num(), 0]
         for g in prange(G, schedule="dynamic"):
             gh = g // GW
             gw = g % GW
             for n in range(N):
-                _pack(&x[n, g, 0, 0], G * HW, HW, D, slab + n * HW * S, S)
+                _pack(&x[n, g, 0, 0], G * HW, HW, D, slab + n * HW * S, S, True)
             for k in range(K):
                 dst = &staged[g, k, 0, 0]
                 for ph in range(r0[gh], r1[gh]):
                     for pw in range(q0[gw], q1[gw]):
                         _region_mean(slab + batch[k] * HW * S, W, S, hs[k, ph], he[k, ph],
-                                     ws[k, pw], we[k, pw], D, dst)
-                        dst = dst + D
+                                     ws[k, pw], we[k, pw], S, dst)
+                        dst = dst + S
     with nogil:
         for k in prange(K, num_threads=n_threads, schedule="static"):
             if GH == PH and GW == PW:  # g is the pooled cell: one transpose per box
-                _unpack(&staged[0, k, 0, 0], K * D, G, D, &out[k, 0, 0, 0], G)
+                _unpack(&staged[0, k, 0, 0], K * M * S, G, D, &out[k, 0, 0, 0], G)
                 continue
             for g in range(G):
                 gh = g // GW

@@ -193,7 +193,7 @@ ROICORE_FOR_BOTH_TYPES(ROICORE_ALIGN_BIN_GRAD)
         /* unaligned vector loads: memcpy into r[] here went through the stack, and the \
            split 16-byte stores stalled the 32-byte reloads */                             \
         typedef VT VT##_u __attribute__((aligned(4)));                                     \
-        for (int q = 0; q < 8; ++q) r[q] = *(const VT##_u *)(in + (i + q) * in_stride + j); \
+        for (int q = 0; q < 8; ++q) r[q] = *(const VT##_u *)(in + ROICORE_ROW(i + q) * in_stride + j); \
         for (int q = 0; q < 8; q += 2) {                                                       \
             t[q] = ROICORE_SHUFFLE(MT, r[q], r[q + 1], 0, 8, 1, 9, 4, 12, 5, 13);                  \
             t[q + 1] = ROICORE_SHUFFLE(MT, r[q], r[q + 1], 2, 10, 3, 11, 6, 14, 7, 15);            \
@@ -213,19 +213,25 @@ ROICORE_FOR_BOTH_TYPES(ROICORE_ALIGN_BIN_GRAD)
 #else
 #define ROICORE_TRANSPOSE_TILE(VT, MT)                                                        \
     for (int64_t a = i; a < i + 8; ++a)                                                        \
-        for (int64_t b = j; b < j + 8; ++b) out[b * out_stride + a] = in[a * in_stride + b];
+        for (int64_t b = j; b < j + 8; ++b) out[b * out_stride + a] = in[ROICORE_ROW(a) * in_stride + b];
 #endif
 
 
+/* With `pad`, R is rounded up to a multiple of 8 and the missing rows repeat row R - 1:
+ * out rows then get round_up(R, 8) values, the extra ones in padding the caller owns, and
+ * no row is left to the scalar edge loop (PS-RoI's D = 21: 5 of 21 rows otherwise). */
+#define ROICORE_ROW(r) ((r) < R ? (r) : R - 1)
 #define ROICORE_TRANSPOSE(SUFFIX, T, VT, MT)                                                    \
     ROICORE_CLONES static void roicore_transpose_##SUFFIX(const T *restrict in, int64_t in_stride, \
                                                            int64_t R, int64_t Cc, T *restrict out, \
-                                                           int64_t out_stride) {               \
+                                                           int64_t out_stride, int pad) {      \
+        const int64_t rows = pad ? (R + 7) / 8 * 8 : R;                                        \
         int64_t i = 0, j;                                                                      \
-        for (; i + 8 <= R; i += 8) {                                                           \
+        for (; i + 8 <= rows; i += 8) {                                                        \
             for (j = 0; j + 8 <= Cc; j += 8) ROICORE_TRANSPOSE_TILE(VT, MT)                    \
             for (; j < Cc; ++j)                                                                \
-                for (int64_t a = i; a < i + 8; ++a) out[j * out_stride + a] = in[a * in_stride + j]; \
+                for (int64_t a = i; a < i + 8; ++a)                                            \
+                    out[j * out_stride + a] = in[ROICORE_ROW(a) * in_stride + j];              \
         }                                                                                      \
         for (; i < R; ++i)                                                                     \
             for (j = 0; j < Cc; ++j) out[j * out_stride + i] = in[i * in_stride + j];          \
