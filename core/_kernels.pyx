@@ -68,11 +68,11 @@ cdef extern from "roicore_simd.h":
     void roicore_region_mean_f64(const double* img, int64_t W, int64_t S, int64_t h0, int64_t h1,
                                  int64_t w0, int64_t w1, int64_t n, double* out) noexcept nogil
     void roicore_region_add_f32(float* img, int64_t W, int64_t S, int64_t h0, int64_t h1,
-                                int64_t w0, int64_t w1, int64_t n, const float* g,
-                                int64_t gstride, float* scratch) noexcept nogil
+                                int64_t w0, int64_t w1, int64_t n, int64_t lanes,
+                                const float* g, int64_t gstride, float* scratch) noexcept nogil
     void roicore_region_add_f64(double* img, int64_t W, int64_t S, int64_t h0, int64_t h1,
-                                int64_t w0, int64_t w1, int64_t n, const double* g,
-                                int64_t gstride, double* scratch) noexcept nogil
+                                int64_t w0, int64_t w1, int64_t n, int64_t lanes,
+                                const double* g, int64_t gstride, double* scratch) noexcept nogil
 
 ctypedef fused index_t:
     int32_t
@@ -604,9 +604,9 @@ cdef _group_ranges(Py_ssize_t G, Py_ssize_t P, floating witness):
 # map: it stays in L2) and then pools each bin for all D channels at once with vector adds.
 # Each channel's sum still runs from 0 in the frameworks' (h, w) order, and each channel's
 # gradient receives its additions in their serial (box, ph, pw, h, w) order, so results
-# are bit-identical and independent of the thread count.  The forward fills the S - D
-# padding lanes with copies of channel D - 1 and pools them too (whole vectors, no scalar
-# tail); they are never written out.  Pooled values are staged as (g, K, M, S), contiguous
+# are bit-identical and independent of the thread count.  Both passes work on whole
+# vectors of S lanes: the forward fills the S - D padding lanes with copies of channel
+# D - 1 and pools them too, the backward adds zeros to them; padding is never written out.  Pooled values are staged as (g, K, M, S), contiguous
 # for the task, and moved to (K, D, PH, PW) afterwards, one box per task.
 
 cdef inline void _region_mean(const floating* img, Py_ssize_t W, Py_ssize_t S, int64_t h0,
@@ -620,12 +620,12 @@ cdef inline void _region_mean(const floating* img, Py_ssize_t W, Py_ssize_t S, i
 
 cdef inline void _region_add(floating* img, Py_ssize_t W, Py_ssize_t S, int64_t h0,
                              int64_t h1, int64_t w0, int64_t w1, Py_ssize_t n,
-                             const floating* g, Py_ssize_t gstride,
+                             Py_ssize_t lanes, const floating* g, Py_ssize_t gstride,
                              floating* scratch) noexcept nogil:
     if floating is float:
-        roicore_region_add_f32(img, W, S, h0, h1, w0, w1, n, g, gstride, scratch)
+        roicore_region_add_f32(img, W, S, h0, h1, w0, w1, n, lanes, g, gstride, scratch)
     else:
-        roicore_region_add_f64(img, W, S, h0, h1, w0, w1, n, g, gstride, scratch)
+        roicore_region_add_f64(img, W, S, h0, h1, w0, w1, n, lanes, g, gstride, scratch)
 
 
 def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), C_in = D*GH*GW
@@ -711,7 +711,7 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
                 for ph in range(r0[gh], r1[gh]):
                     for pw in range(q0[gw], q1[gw]):
                         _region_add(slab + batch[k] * HW * S, W, S, hs[k, ph], he[k, ph],
-                                    ws[k, pw], we[k, pw], D, &grad_output[k, 0, ph, pw],
+                                    ws[k, pw], we[k, pw], D, S, &grad_output[k, 0, ph, pw],
                                     PH * PW, diff)
             for n in range(N):
                 _unpack(slab + n * HW * S, S, HW, D, &grad_input[n, g, 0, 0], G * HW)

@@ -271,22 +271,26 @@ static void roicore_transpose_i32_i64(const int32_t *restrict in, int64_t in_str
     }
 ROICORE_FOR_BOTH_TYPES(ROICORE_REGION_MEAN)
 
-/* Its adjoint: with diff[i] = g[i*gstride] / area (the upstream gradient of channel i,
- * divided by the integer area as the frameworks do), img[(h, w), i] += diff[i] over the
- * region in (h, w) order; `scratch` holds n values.  An empty region adds nothing. */
+/* Its adjoint: with diff[i] = g[i*gstride] / area for i < n (the upstream gradient of
+ * channel i, divided by the integer area as the frameworks do) and 0 for n <= i < lanes,
+ * img[(h, w), i] += diff[i] over the region in (h, w) order, for i < lanes: the padding
+ * lanes receive zeros, so whole vectors need no scalar tail.  `diff` holds `lanes`
+ * values.  An empty region adds nothing. */
 #define ROICORE_REGION_ADD(SUFFIX, T)                                                          \
     ROICORE_CLONES static void roicore_region_add_##SUFFIX(T *restrict img, int64_t W, int64_t S, \
                                                             int64_t h0, int64_t h1, int64_t w0, \
-                                                            int64_t w1, int64_t n, const T *g,  \
-                                                            int64_t gstride, T *restrict diff) { \
+                                                            int64_t w1, int64_t n, int64_t lanes, \
+                                                            const T *g, int64_t gstride,       \
+                                                            T *restrict diff) {                \
         if (h1 <= h0 || w1 <= w0) return;                                                      \
         const T area = (T)((h1 - h0) * (w1 - w0));                                             \
         for (int64_t i = 0; i < n; ++i) diff[i] = g[i * gstride];                              \
-        for (int64_t i = 0; i < n; ++i) diff[i] = diff[i] / area;                              \
+        for (int64_t i = n; i < lanes; ++i) diff[i] = 0;                                       \
+        for (int64_t i = 0; i < lanes; ++i) diff[i] = diff[i] / area;                          \
         for (int64_t h = h0; h < h1; ++h)                                                      \
             for (int64_t w = w0; w < w1; ++w) {                                                \
                 T *r = img + (h * W + w) * S;                                                  \
-                for (int64_t i = 0; i < n; ++i) r[i] = r[i] + diff[i];                         \
+                for (int64_t i = 0; i < lanes; ++i) r[i] = r[i] + diff[i];                     \
             }                                                                                  \
     }
 ROICORE_FOR_BOTH_TYPES(ROICORE_REGION_ADD)
