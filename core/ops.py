@@ -21,10 +21,10 @@ convention : str or rules object
 n_threads : int or None
     OpenMP threads; see :func:`roicore.core.effective_n_threads`.  Results do not depend
     on it.
-out : ndarray, optional (forward functions)
-    A C-contiguous array of the output's shape and of x's dtype (float32 or float64) to
-    write the result into and return; reusing one across calls avoids the page faults of
-    a fresh large allocation.
+out : ndarray, optional
+    A C-contiguous array of the result's shape and of the input's dtype (float32 or
+    float64) to write the result into and return; reusing one across calls avoids the
+    page faults of a fresh large allocation.  Backward functions zero it first.
 
 Backward functions return the gradient with respect to ``x`` for an upstream gradient of
 the forward output's shape; boxes receive no gradient (as in every framework here).
@@ -65,6 +65,18 @@ def _output(out, shape, xc, out_dtype):
     if out is not None and out_dtype == np.float16:
         raise TypeError("out= is not supported for float16 input, which is computed in float32")
     return V.out_buffer(out, shape, xc.dtype, (xc,))
+
+
+def _gradient(out, shape, g, out_dtype, *also_read):
+    """The zero-filled dx a backward kernel adds into: fresh, or the caller's ``out``
+    (which must not overlap grad_output or anything else the kernel reads)."""
+    if out is None:
+        return np.zeros(shape, g.dtype)
+    if out_dtype == np.float16:
+        raise TypeError("out= is not supported for float16 input, which is computed in float32")
+    dx = V.out_buffer(out, shape, g.dtype, (g,) + also_read)
+    dx.fill(0)
+    return dx
 
 
 def _method(method):
@@ -165,7 +177,7 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, me
 
 
 def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, batch_indices=None,
-                      method="max", convention=None, argmax=None, n_threads=None):
+                      method="max", convention=None, argmax=None, n_threads=None, out=None):
     """Gradient of :func:`roi_pool` with respect to x.
 
     method="max" scatters each output gradient to its argmax (as returned by the forward
@@ -182,18 +194,19 @@ def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, bat
     coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype)
     V.expect_shape(g, (coords.shape[0], C) + g.shape[2:], "grad_output")
     threads = effective_n_threads(n_threads)
-    dx = np.zeros(shape, g.dtype)
     if method == "max":
         if argmax is None:
             raise TypeError("roi_pool_backward(method='max') needs the argmax returned by "
                             "roi_pool(..., return_argmax=True)")
-        if _kernels.roi_pool_max_backward(g, _argmax_array(argmax, rules, g.shape, shape), batch,
-                                          rules.argmax == "global", dx, threads):
+        a = _argmax_array(argmax, rules, g.shape, shape)
+        dx = _gradient(out, shape, g, out_dtype, a)
+        if _kernels.roi_pool_max_backward(g, a, batch, rules.argmax == "global", dx, threads):
             raise _argmax_error(rules, shape)
     else:
         if argmax is not None:
             raise ValueError("argmax is only used by method='max'; bilinear pooling has none")
         V.coordinate_range(coords, W - 1, H - 1)
+        dx = _gradient(out, shape, g, out_dtype)
         _kernels.roi_pool_bilinear_backward(g, coords, batch, rules.pin_last, dx, threads)
     return dx.astype(out_dtype, copy=False)
 
@@ -276,7 +289,7 @@ def psroi_pool(x, boxes, output_size, spatial_scale=1.0, *, output_channels=None
 
 
 def psroi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, group_size=None,
-                        batch_indices=None, convention="paddle", n_threads=None):
+                        batch_indices=None, convention="paddle", n_threads=None, out=None):
     """Gradient of :func:`psroi_pool`: each output gradient divided by its bin area, added
     to every pixel of the bin, in (box, channel, ph, pw) order."""
     rules = resolve(convention, PSROI_POOL, PSRoIPoolRules, "psroi_pool_backward")
@@ -289,7 +302,7 @@ def psroi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, g
     V.expect_shape(g, (coords.shape[0], D) + g.shape[2:], "grad_output")
     scale = _scale_for(rules, spatial_scale, g.dtype)
     V.coordinate_range(coords, scale, scale)
-    dx = np.zeros(shape, g.dtype)
+    dx = _gradient(out, shape, g, out_dtype)
     _kernels.psroi_pool_backward(g, coords, batch, scale, GH, GW, dx, effective_n_threads(n_threads))
     return dx.astype(out_dtype, copy=False)
 
@@ -337,7 +350,8 @@ def roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, align
 
 
 def roi_align_backward(grad_output, boxes, input_shape, spatial_scale=1.0, sampling_ratio=-1,
-                       aligned=False, *, batch_indices=None, convention="mxnet", n_threads=None):
+                       aligned=False, *, batch_indices=None, convention="mxnet", n_threads=None,
+                       out=None):
     """Gradient of :func:`roi_align` in the Caffe2 arithmetic used by all three frameworks'
     backward passes (``g * w / count`` added to the four neighbours of every in-range
     sample).  Convention "paddle" reproduces Paddle's backward, which widens boxes to at
@@ -353,7 +367,7 @@ def roi_align_backward(grad_output, boxes, input_shape, spatial_scale=1.0, sampl
     scale = _scale_for(rules, spatial_scale, g.dtype)
     V.coordinate_range(coords, scale, scale)
     V.adaptive_grid(coords, scale, (PH, PW), sampling_ratio)
-    dx = np.zeros(shape, g.dtype)
+    dx = _gradient(out, shape, g, out_dtype)
     _kernels.roi_align_backward(g, coords, batch, scale, sampling_ratio, aligned,
                                 rules.backward_min_size_always, dx, effective_n_threads(n_threads))
     return dx.astype(out_dtype, copy=False)

@@ -398,3 +398,39 @@ def test_out_buffer_is_written_and_returned():
     with pytest.raises(ValueError, match="share memory"):
         rc.roi_pool(x.reshape(-1)[:2 * 6 * 9].reshape(2, 6, 3, 3), rois[:2], 3, 1.0,
                     out=x.reshape(-1)[:2 * 6 * 9].reshape(2, 6, 3, 3))
+
+
+def test_backward_out_buffer_is_zeroed_written_and_returned():
+    """out= on the backward functions: a buffer full of garbage gives the same gradient as
+    a fresh call, is returned, and is validated like the forward's."""
+    rng = np.random.default_rng(32)
+    x = rng.standard_normal((2, 6, 12, 13)).astype(np.float32)
+    rois = np.array([[0, 1, 2, 9, 10], [1, 0, 0, 12, 11], [0, 5, 5, 6, 6]], np.float32)
+    ps_shape = (2, 2 * 9, 12, 13)
+    y, am = rc.roi_pool(x, rois, 3, 1.0, return_argmax=True)
+    g = rng.standard_normal(y.shape).astype(np.float32)
+    g_ps = rng.standard_normal((3, 2, 3, 3)).astype(np.float32)
+    calls = [
+        (lambda **kw: rc.roi_pool_backward(g, rois, x.shape, 1.0, argmax=am, **kw), x.shape),
+        (lambda **kw: rc.roi_pool_backward(g, rois, x.shape, 1.0, method="bilinear",
+                                           **kw), x.shape),
+        (lambda **kw: rc.roi_align_backward(g, rois, x.shape, 1.0, 2, **kw), x.shape),
+        (lambda **kw: rc.psroi_pool_backward(g_ps, rois, ps_shape, 1.0, **kw), ps_shape),
+    ]
+    for call, shape in calls:
+        want = call()
+        buf = np.full(shape, np.nan, np.float32)
+        assert call(out=buf) is buf
+        assert_same(buf, want)
+        assert call(out=buf) is buf  # reused: zeroed again, not accumulated
+        assert_same(buf, want)
+        with pytest.raises(ValueError, match="out must be a float32 array of shape"):
+            call(out=np.empty(shape, np.float64))
+        with pytest.raises(ValueError, match="C-contiguous and writeable"):
+            call(out=np.empty(shape[::-1], np.float32).T)
+    with pytest.raises(ValueError, match="share memory"):
+        rc.roi_pool_backward(g, rois, (3, 6, 3, 3), 1.0, argmax=np.zeros(g.shape, np.int32),
+                             convention="torchvision", out=g)
+    with pytest.raises(TypeError, match="float16"):
+        rc.roi_align_backward(g.astype(np.float16), rois, x.shape, 1.0, 2,
+                              out=np.empty(x.shape, np.float32))
