@@ -63,7 +63,8 @@ def _parser():
                     "median of --repeats rounds, the same thread count for every contender.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="ratio = native time / roicore.core time (> 1: roicore is faster); "
-               "adapter overhead = adapter time / roicore.core time; extra MB = roicore.core's "
+               "adapter overhead = adapter time / roicore.core time, both timed in the adapter's "
+               "worker process, interleaved; extra MB = roicore.core's "
                "tracemalloc peak during one untimed call minus its outputs.")
     pb.add_argument("--workloads", metavar="LIST",
                     help="comma-separated: fastrcnn_vgg16,train_b2,rfcn_psroi,c4_14x14 (default: all)")

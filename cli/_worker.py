@@ -276,6 +276,17 @@ class BenchRunner:
     def contenders(self, w):
         raise NotImplementedError
 
+    def core_rules(self):
+        """The conventions this worker's adapter gives roicore.core (see core_passes)."""
+        raise NotImplementedError
+
+    def in_process_core(self, w):
+        """roicore.core timed in this worker, next to its adapter: the same workload, thread
+        count and conventions as the adapter (its "core" contenders; the adapter-overhead
+        table divides the adapter's time by these, both measured in this process)."""
+        import roicore.core as rc
+        return core_contenders(rc, w, self.n, self.core_rules())
+
 
 def traced_peak(fn, *args):
     """``(fn(*args), peak)``: the most bytes tracemalloc saw allocated at once during the call.
@@ -304,6 +315,65 @@ def nbytes(*arrays):
     return int(sum(a.nbytes for a in arrays if a is not None))
 
 
+def core_passes(rc, w, n, rules):
+    """``(forward, forward_saving, backward)``: roicore.core for ``w["op"]`` at ``n`` threads.
+
+    ``forward()`` -> y (roi_pool: no argmax); ``forward_saving()`` -> the tuple of forward
+    outputs the backward needs (y, plus argmax for max pooling); ``backward(saved)`` -> dx.
+    ``rules`` maps "roi_pool" (forward without argmax), "roi_pool/saving" (forward keeping
+    the argmax), "roi_pool/backward", "roi_align" and "psroi_pool" to the convention (name
+    or rules object) each call uses.  The roicore worker times these calls against the
+    native ops; each framework worker times them, with its adapter's conventions, next to
+    the adapter (the in-process core of the adapter-overhead table).
+    """
+    x, boxes, bi, P, s, op = w["x"], w["boxes"], w["batch"], w["P"], w["scale"], w["op"]
+    dy = w["dy"]
+    if op == "roi_pool":
+        def fwd():
+            return rc.roi_pool(x, boxes, P, s, batch_indices=bi, convention=rules["roi_pool"],
+                               n_threads=n)
+
+        def fwd_saving():
+            return rc.roi_pool(x, boxes, P, s, batch_indices=bi,
+                               convention=rules["roi_pool/saving"], return_argmax=True,
+                               n_threads=n)
+
+        def bwd(saved):
+            return rc.roi_pool_backward(dy, boxes, x.shape, s, batch_indices=bi,
+                                        convention=rules["roi_pool/backward"], argmax=saved[1],
+                                        n_threads=n)
+    elif op == "roi_align":
+        def fwd():
+            return rc.roi_align(x, boxes, P, s, 2, True, batch_indices=bi,
+                                convention=rules["roi_align"], n_threads=n)
+
+        def fwd_saving():
+            return (fwd(),)
+
+        def bwd(saved):
+            return rc.roi_align_backward(dy, boxes, x.shape, s, 2, True, batch_indices=bi,
+                                         convention=rules["roi_align"], n_threads=n)
+    else:
+        def fwd():
+            return rc.psroi_pool(x, boxes, P, s, batch_indices=bi,
+                                 convention=rules["psroi_pool"], n_threads=n)
+
+        def fwd_saving():
+            return (fwd(),)
+
+        def bwd(saved):
+            return rc.psroi_pool_backward(dy, boxes, x.shape, s, batch_indices=bi,
+                                          convention=rules["psroi_pool"], n_threads=n)
+    return fwd, fwd_saving, bwd
+
+
+def core_contenders(rc, w, n, rules):
+    """{(direction, "core"): timer} for :func:`core_passes`."""
+    fwd, fwd_saving, bwd = core_passes(rc, w, n, rules)
+    return {("forward", "core"): _timer(fwd),
+            ("fwd+bwd", "core"): _timer(lambda: bwd(fwd_saving()))}
+
+
 class RoicoreBench(BenchRunner):
     name = "roicore"
 
@@ -312,53 +382,15 @@ class RoicoreBench(BenchRunner):
         self.rc, self.n = rc, threads
         self.version = rc.__version__
 
+    # roicore.core's conventions in the native-ratio table
+    RULES = {"roi_pool": "mxnet", "roi_pool/saving": "mxnet", "roi_pool/backward": "mxnet",
+             "roi_align": "mxnet", "psroi_pool": "paddle"}
+
     def passes(self, w, n):
-        """``(forward, forward_saving, backward)`` for ``w["op"]`` at ``n`` threads.
-
-        ``forward()`` -> y; ``forward_saving()`` -> the tuple of forward outputs the
-        backward needs (y, plus argmax for max pooling); ``backward(saved)`` -> dx.  The
-        timed fwd+bwd and its memory measurement run exactly these calls.
-        """
-        rc = self.rc
-        x, boxes, bi, P, s, op = w["x"], w["boxes"], w["batch"], w["P"], w["scale"], w["op"]
-        dy = w["dy"]
-        if op == "roi_pool":
-            def fwd():
-                return rc.roi_pool(x, boxes, P, s, batch_indices=bi, convention="mxnet",
-                                   n_threads=n)
-
-            def fwd_saving():
-                return rc.roi_pool(x, boxes, P, s, batch_indices=bi, convention="mxnet",
-                                   return_argmax=True, n_threads=n)
-
-            def bwd(saved):
-                return rc.roi_pool_backward(dy, boxes, x.shape, s, batch_indices=bi,
-                                            convention="mxnet", argmax=saved[1], n_threads=n)
-        elif op == "roi_align":
-            def fwd():
-                return rc.roi_align(x, boxes, P, s, 2, True, batch_indices=bi, n_threads=n)
-
-            def fwd_saving():
-                return (fwd(),)
-
-            def bwd(saved):
-                return rc.roi_align_backward(dy, boxes, x.shape, s, 2, True, batch_indices=bi,
-                                             n_threads=n)
-        else:
-            def fwd():
-                return rc.psroi_pool(x, boxes, P, s, batch_indices=bi, n_threads=n)
-
-            def fwd_saving():
-                return (fwd(),)
-
-            def bwd(saved):
-                return rc.psroi_pool_backward(dy, boxes, x.shape, s, batch_indices=bi, n_threads=n)
-        return fwd, fwd_saving, bwd
+        return core_passes(self.rc, w, n, self.RULES)
 
     def contenders(self, w, n=None):
-        fwd, fwd_saving, bwd = self.passes(w, n or self.n)
-        return {("forward", "core"): _timer(fwd),
-                ("fwd+bwd", "core"): _timer(lambda: bwd(fwd_saving()))}
+        return core_contenders(self.rc, w, n or self.n, self.RULES)
 
     def memory(self, w, direction, n=None):
         """Peak memory of one untimed call beyond its inputs and outputs (bytes).
@@ -419,7 +451,14 @@ class PaddleBench(BenchRunner):
                 return xg.grad
             out[("forward", kind)] = _timer(fwd)
             out[("fwd+bwd", kind)] = _timer(fb)
+        out.update(self.in_process_core(w))
         return out
+
+    def core_rules(self):
+        # Paddle's rules throughout; roi_pool with a gradient keeps an int32 argmax
+        c = self.A.CONVENTION
+        return {"roi_pool": c, "roi_pool/saving": self.A._GRAD_ARGMAX_RULES,
+                "roi_pool/backward": c, "roi_align": c, "psroi_pool": c}
 
 
 class MXNetBench(BenchRunner):
@@ -463,7 +502,12 @@ class MXNetBench(BenchRunner):
                 xg.grad.wait_to_read()
             out[("forward", kind)] = _timer(fwd)
             out[("fwd+bwd", kind)] = _timer(fb)
+        out.update(self.in_process_core(w))
         return out
+
+    def core_rules(self):
+        return {k: "mxnet" for k in ("roi_pool", "roi_pool/saving", "roi_pool/backward",
+                                     "roi_align", "psroi_pool")}
 
 
 # Largest crop tensor the TensorFlow roi_pool stand-in may build (bytes).
@@ -533,7 +577,15 @@ class TFBench(BenchRunner):
             return tape.gradient(y, x_nchw, output_gradients=dy_nchw)
         out[("forward", "adapter")] = _timer(fwd)
         out[("fwd+bwd", "adapter")] = _timer(fb)
+        out.update(self.in_process_core(w))
         return out
+
+    def core_rules(self):
+        # roi_pool(method="max"): MXNet's rules with a per-plane argmax (the adapter's own)
+        c = self.A.CONVENTIONS
+        return {"roi_pool": c["roi_pool/max"], "roi_pool/saving": c["roi_pool/max"],
+                "roi_pool/backward": c["roi_pool/max"], "roi_align": c["roi_align"],
+                "psroi_pool": c["psroi_pool"]}
 
 
 class OpenVINOBench(BenchRunner):
@@ -622,7 +674,8 @@ class BenchState:
         self.calls = {}
 
     def load(self, msg):
-        """Build, warm up and (roicore.core only) memory-profile the contenders of a workload.
+        """Build, warm up and (the roicore worker's core only) memory-profile the contenders of
+        a workload.
 
         Contender keys are ``(op, direction, kind, threads)``.  ``thread_counts`` (roicore
         only) builds the core contenders once per thread count; the others run at the
@@ -659,7 +712,8 @@ class BenchState:
                         continue
                     key = (op, direction, kind, n)
                     self.calls[key] = fn
-                    if kind == "core" and msg.get("memory", True):
+                    if (kind == "core" and msg.get("memory", True)
+                            and isinstance(self.runner, RoicoreBench)):
                         try:
                             memory[key] = self.runner.memory(w, direction, n)
                         except Exception as e:

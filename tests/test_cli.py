@@ -180,18 +180,69 @@ def test_bench_quick(tmp_path):
         assert r["threads"] == report["threads"]
         if r["kind"] == "native":
             assert r["ratio"] > 0
-        # roicore.core alone carries its peak memory beyond inputs and outputs
-        assert ("extra_mb" in r) == (r["kind"] == "core"), r
-        if r["kind"] == "core":
+        # roicore.core in the roicore worker carries its peak memory beyond inputs and outputs
+        assert ("extra_mb" in r) == (r["kind"] == "core" and r["framework"] == "roicore"), r
+        if "extra_mb" in r:
             m = r["memory_bytes"]
             assert r["extra_mb"] >= 0 and m["peak"] >= m["outputs"] > 0, r
             assert r["extra_mb"] == pytest.approx(m["extra"] / 2**20)
+    # adapter overhead: against roicore.core timed in the adapter's own worker, every round
+    rows = {(r["workload"], r["operator"], r["direction"], r["framework"], r["kind"]): r
+            for r in report["results"]}
+    adapter_fws = [fw for fw in ("paddle", "mxnet", "tensorflow") if fw in ran]
+    for fw in adapter_fws:
+        for op, wl in (("roi_pool", "train_b2"), ("roi_align", "train_b2"),
+                       ("psroi_pool", "rfcn_psroi")):
+            for d in ("forward", "fwd+bwd"):
+                a, c = rows[(wl, op, d, fw, "adapter")], rows[(wl, op, d, fw, "core")]
+                assert len(c["times_ms"]) == len(a["times_ms"]) == report["repeats"]
+                assert a["core_ms"] == c["median_ms"] > 0, (a, c)
+                assert a["overhead"] == pytest.approx(a["median_ms"] / c["median_ms"])
+    assert all("core_ms" not in r and "overhead" not in r for r in report["results"]
+               if r["kind"] != "adapter")
+    if adapter_fws:
+        out = " ".join(proc.stdout.split())
+        assert "same worker process, interleaved" in out
     assert report["frameworks"]["roicore"]["peak_rss_mb"] > 0
     assert not report["errors"], report["errors"]
     assert "native time / roicore.core time" in proc.stdout
     assert "extra MB" in proc.stdout and "peak RSS per worker: roicore" in proc.stdout
     if has_mpl:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_adapter_overhead_uses_the_in_process_core():
+    """adapter / core of the adapter's own worker, not of the roicore worker; both printed."""
+    from roicore.cli import bench
+
+    def row(fw, kind, ms, op="roi_pool"):
+        return dict(workload="train_b2", operator=op, direction="forward", framework=fw,
+                    kind=kind, threads=2, median_ms=ms, times_ms=[ms])
+    rows = [row("roicore", "core", 2.0), row("paddle", "native", 8.0),
+            row("paddle", "adapter", 3.0), row("paddle", "core", 2.5),
+            row("mxnet", "adapter", 4.0),                       # no in-process core: no ratio
+            row("mxnet", "native", 5.0, "roi_align"), row("mxnet", "core", 1.0, "roi_align")]
+    bench.add_ratios(rows)
+    paddle_adapter, mxnet_adapter, mxnet_native = rows[2], rows[4], rows[5]
+    assert rows[1]["ratio"] == pytest.approx(8.0 / 2.0)        # native: the roicore worker's core
+    assert paddle_adapter["core_ms"] == 2.5
+    assert paddle_adapter["overhead"] == pytest.approx(3.0 / 2.5)
+    assert "overhead" not in mxnet_adapter and "core_ms" not in mxnet_adapter
+    assert "ratio" not in mxnet_native                          # no roicore-worker core for it
+    report = dict(environment=dict(roicore="0", cpu="cpu", numpy="1", python="3"),
+                  threads=2, repeats=1, scale=1.0, workloads={"train_b2": {}},
+                  frameworks={"roicore": dict(status="ran", version="0"),
+                              "paddle": dict(status="ran", version="3"),
+                              "mxnet": dict(status="ran", version="1")},
+                  results=rows, errors=[], seconds=0.0)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        bench.print_report(report)
+    text = buf.getvalue()
+    table = text[text.index("adapter overhead:"):]
+    line = next(ln for ln in table.splitlines() if ln.startswith("train_b2") and "roi_pool" in ln)
+    assert line.split()[3:] == ["1.20", "(3", "/", "2.5)", "-"], line
+    assert "same worker process, interleaved" in " ".join(text.split())
 
 
 def test_bench_plot_without_matplotlib_is_a_clear_error(tmp_path):
