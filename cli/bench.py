@@ -89,7 +89,10 @@ def _measure(workers, fw_info, names, ops, directions, scale, args, thread_count
             msg["thread_counts"] = list(thread_counts)
         loaded = _parallel(lambda n: workers[n].request(msg), list(workers))
         keys, memory = [], {}
-        for n, res in loaded.items():
+        # in the workers' order (roicore first), not the order they finished loading, so the
+        # tables' rows come in the roicore worker's order on every run
+        for n in [n for n in workers if n in loaded]:
+            res = loaded[n]
             if isinstance(res, Exception):
                 died(n, res)
                 continue
