@@ -117,6 +117,13 @@ cdef inline Py_ssize_t _padded(Py_ssize_t C) noexcept nogil:
     return C + 16
 
 
+cdef inline int _table_threads(Py_ssize_t K, int n_threads) noexcept nogil:
+    """Threads for a per-box table loop (a few dozen operations per box): one below 8192
+    boxes.  Waking a sleeping thread team (OMP_WAIT_POLICY=PASSIVE) costs more than such a
+    loop over a few hundred boxes; every parallel region saved counts on small workloads."""
+    return n_threads if K >= 8192 else 1
+
+
 cdef inline int64_t _clamp(int64_t v, int64_t lo, int64_t hi) noexcept nogil:
     return lo if v < lo else (hi if v > hi else v)
 
@@ -260,7 +267,7 @@ def roi_pool_max_forward(const floating[:, :, :, ::1] x,      # IN  (N, C, H, W)
     cdef int64_t[:, ::1] ws = np.empty((K, PW), np.int64)
     cdef int64_t[:, ::1] we = np.empty((K, PW), np.int64)
     with nogil:
-        for k in prange(K, num_threads=n_threads, schedule="static"):
+        for k in prange(K, num_threads=_table_threads(K, n_threads), schedule="static"):
             _integer_roi_bins(boxes[k, 1], boxes[k, 3], scale, PH, H, bin_mode, product_double,
                               &hs[k, 0], &he[k, 0])
             _integer_roi_bins(boxes[k, 0], boxes[k, 2], scale, PW, W, bin_mode, product_double,
@@ -578,7 +585,7 @@ cdef _PSPlan _ps_plan(const floating[:, ::1] boxes, floating scale, Py_ssize_t P
     plan.we = np.empty((K, PW), np.int64)
     cdef int64_t[:, ::1] hs = plan.hs, he = plan.he, ws = plan.ws, we = plan.we
     with nogil:
-        for k in prange(K, num_threads=n_threads, schedule="static"):
+        for k in prange(K, num_threads=_table_threads(K, n_threads), schedule="static"):
             _float_roi_bins(boxes[k, 1], boxes[k, 3], scale, PH, H, &hs[k, 0], &he[k, 0])
             _float_roi_bins(boxes[k, 0], boxes[k, 2], scale, PW, W, &ws[k, 0], &we[k, 0])
     plan.r0, plan.r1 = _group_ranges(GH, PH, scale)
@@ -663,8 +670,8 @@ def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), 
                         _region_mean(slab + batch[k] * HW * S, W, S, hs[k, ph], he[k, ph],
                                      ws[k, pw], we[k, pw], S, dst)
                         dst = dst + S
-    with nogil:
-        for k in prange(K, num_threads=n_threads, schedule="static"):
+        # the same thread team moves the staged values out (prange ends with a barrier)
+        for k in prange(K, schedule="static"):
             if GH == PH and GW == PW:  # g is the pooled cell: one transpose per box
                 _unpack(&staged[0, k, 0, 0], K * M * S, G, D, &out[k, 0, 0, 0], G)
                 continue
@@ -803,7 +810,7 @@ cdef _SampleTables _align_tables(const floating[:, ::1] boxes, double spatial_sc
     cdef floating[:, ::1] bs = bins
     cdef int64_t[:, ::1] gr = grids
     with nogil:
-        for k in prange(K, num_threads=n_threads, schedule="static"):
+        for k in prange(K, num_threads=_table_threads(K, n_threads), schedule="static"):
             _align_box(boxes[k, 1], boxes[k, 3], scale, offset, PH, sampling_ratio, min_size_one,
                        &st[k, 0], &bs[k, 0], &gr[k, 0])
             _align_box(boxes[k, 0], boxes[k, 2], scale, offset, PW, sampling_ratio, min_size_one,
@@ -823,7 +830,7 @@ cdef _SampleTables _align_tables(const floating[:, ::1] boxes, double spatial_sc
     cdef int64_t[::1] yoff = t.yoff, xoff = t.xoff, ylo = t.ylo, yhi = t.yhi, xlo = t.xlo, xhi = t.xhi
     cdef floating[::1] ylw = t.ylw, yhw = t.yhw, xlw = t.xlw, xhw = t.xhw
     with nogil:
-        for k in prange(K, num_threads=n_threads, schedule="static"):
+        for k in prange(K, num_threads=_table_threads(K, n_threads), schedule="static"):
             if gr[k, 0] > 0:
                 j = <size_t>yoff[k]
                 _align_axis(st[k, 0], bs[k, 0], gr[k, 0], PH, H, sampler,
