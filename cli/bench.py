@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import random
 import statistics
 import textwrap
 import threading
@@ -106,8 +107,10 @@ def _measure(workers, fw_info, names, ops, directions, scale, args, thread_count
         times = {k: [] for k in keys}
         for r in range(args.repeats):
             t0 = time.monotonic()
-            # each contender once per round; the order rotates so none always goes first
-            order = keys[r % len(keys):] + keys[:r % len(keys)] if keys else []
+            # each contender once per round, in a shuffled (seeded) order: a rotation kept
+            # each adapter right after its native op, and on these VMs the first large
+            # allocation after a native op frees gigabytes is the slow one (README)
+            order = random.Random(f"{args.seed}/{wl}/{r}").sample(keys, len(keys))
             for n, key in order:
                 if n not in workers:
                     continue
