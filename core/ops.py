@@ -61,20 +61,19 @@ def _scale_for(rules, spatial_scale, dtype):
     return V.held_scale(spatial_scale, held)
 
 
-def _output(out, shape, xc, out_dtype):
+def _output(out, shape, xc, out_dtype, *also_read):
+    """The array a kernel writes into: fresh, or the caller's ``out`` (which must not
+    overlap ``xc`` or anything else the kernel reads)."""
     if out is not None and out_dtype == np.float16:
         raise TypeError("out= is not supported for float16 input, which is computed in float32")
-    return V.out_buffer(out, shape, xc.dtype, (xc,))
+    return V.out_buffer(out, shape, xc.dtype, (xc,) + also_read)
 
 
 def _gradient(out, shape, g, out_dtype, *also_read):
-    """The zero-filled dx a backward kernel adds into: fresh, or the caller's ``out``
-    (which must not overlap grad_output or anything else the kernel reads)."""
+    """The zero-filled dx a backward kernel adds into."""
     if out is None:
         return np.zeros(shape, g.dtype)
-    if out_dtype == np.float16:
-        raise TypeError("out= is not supported for float16 input, which is computed in float32")
-    dx = V.out_buffer(out, shape, g.dtype, (g,) + also_read)
+    dx = _output(out, shape, g, out_dtype, *also_read)
     dx.fill(0)
     return dx
 
