@@ -1,7 +1,10 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """roicore compiled kernels: RoI max / bilinear pooling, PS-RoI pooling and RoIAlign.
 
-Contract (the Python layer in ``ops.py`` guarantees all of it; nothing here re-checks):
+Contract (the Python layer in ``ops.py`` guarantees all of it; nothing here re-checks,
+except the max-pool backward, which follows an argmax value only when it lies in its own
+(box, channel) plane and returns the count of those that do not, so that validating the
+argmax costs no extra pass over it):
 
 * Layout: feature maps and gradients are C-contiguous NCHW; boxes are C-contiguous (K, 4)
   ``x1, y1, x2, y2`` in the feature dtype; ``batch`` is int64 (K,) with ``0 <= b < N``;
@@ -276,17 +279,16 @@ def roi_pool_max_forward(const floating[:, :, :, ::1] x,      # IN  (N, C, H, W)
         _max_pool_channels_last(_to_nhwc(x, n_threads), batch, hs, he, ws, we, init, out,
                                 argmax, want_argmax, global_index, n_threads)
         return
-    else:
-        if not want_argmax:
-            argmax = np.empty((K, C, PH, PW), np.int64 if index_t is int64_t else np.int32)
-        with nogil:
-            for kc in prange(K * C, num_threads=n_threads, schedule="guided"):
-                k = kc // C
-                c = kc % C
-                _max_pool_plane(&x[batch[k], c, 0, 0], W, PH, PW,
-                                &hs[k, 0], &he[k, 0], &ws[k, 0], &we[k, 0],
-                                compare, init, start_first, &out[k, c, 0, 0], &argmax[k, c, 0, 0])
-    if want_argmax and global_index:
+    if not want_argmax:
+        argmax = np.empty((K, C, PH, PW), np.int64 if index_t is int64_t else np.int32)
+    with nogil:
+        for kc in prange(K * C, num_threads=n_threads, schedule="guided"):
+            k = kc // C
+            c = kc % C
+            _max_pool_plane(&x[batch[k], c, 0, 0], W, PH, PW,
+                            &hs[k, 0], &he[k, 0], &ws[k, 0], &we[k, 0],
+                            compare, init, start_first, &out[k, c, 0, 0], &argmax[k, c, 0, 0])
+    if want_argmax and global_index:  # the channels-last path does this per box, above
         with nogil:
             for k in prange(K, num_threads=n_threads, schedule="static"):
                 _box_to_global(&argmax[k, 0, 0, 0], batch[k], C, PH * PW, H * W)
@@ -595,6 +597,7 @@ cdef _PSPlan _ps_plan(const floating[:, ::1] boxes, floating scale, Py_ssize_t P
 
 
 cdef _group_ranges(Py_ssize_t G, Py_ssize_t P, floating witness):
+    """(first, stop): for each group cell g, the pooled cells p with _group_of(p) == g."""
     first = np.full(G, P, np.intp)
     stop = np.zeros(G, np.intp)
     cdef Py_ssize_t p, g
@@ -613,8 +616,9 @@ cdef _group_ranges(Py_ssize_t G, Py_ssize_t P, floating witness):
 # gradient receives its additions in their serial (box, ph, pw, h, w) order, so results
 # are bit-identical and independent of the thread count.  Both passes work on whole
 # vectors of S lanes: the forward fills the S - D padding lanes with copies of channel
-# D - 1 and pools them too, the backward adds zeros to them; padding is never written out.  Pooled values are staged as (g, K, M, S), contiguous
-# for the task, and moved to (K, D, PH, PW) afterwards, one box per task.
+# D - 1 and pools them too, the backward adds zeros to them; padding is never written
+# out.  Pooled values are staged as (g, K, M, S), contiguous for the task, and moved to
+# (K, D, PH, PW) afterwards, one box per task.
 
 cdef inline void _region_mean(const floating* img, Py_ssize_t W, Py_ssize_t S, int64_t h0,
                               int64_t h1, int64_t w0, int64_t w1, Py_ssize_t n,
@@ -697,7 +701,7 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
     cdef Py_ssize_t K = grad_output.shape[0], D = grad_output.shape[1]
     cdef Py_ssize_t PH = grad_output.shape[2], PW = grad_output.shape[3]
     cdef Py_ssize_t N = grad_input.shape[0], H = grad_input.shape[2], W = grad_input.shape[3]
-    cdef Py_ssize_t G = GH * GW, HW = H * W, S = (D + 7) // 8 * 8, k, n, g, gh, gw, ph, pw, d, i
+    cdef Py_ssize_t G = GH * GW, HW = H * W, S = (D + 7) // 8 * 8, k, n, g, gh, gw, ph, pw, i
     cdef floating* slab
     cdef floating* diff
     if K == 0 or D == 0:
