@@ -69,6 +69,7 @@ import numpy as np
 
 from roicore import core
 from roicore.core import conventions
+from roicore.core._memory import ALIGNMENT
 
 from ._common import require
 
@@ -184,27 +185,6 @@ def _xyxy(boxes, box_indices, n_images):
     return b[:, [1, 0, 3, 2]], i
 
 
-_ALIGNMENT = 64  # TensorFlow's EIGEN_MAX_ALIGN_BYTES / Allocator::kAllocatorAlignment
-
-
-def _aligned_empty(shape, dtype):
-    """np.empty, 64-byte aligned: TensorFlow keeps such a numpy_function result without a
-    copy (it copies arrays that are not aligned to EIGEN_MAX_ALIGN_BYTES)."""
-    dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(nbytes + _ALIGNMENT, np.uint8)
-    start = -raw.ctypes.data % _ALIGNMENT
-    return raw[start:start + nbytes].view(dtype).reshape(shape)
-
-
-def _out_buffer(x, k, channels, out_hw):
-    """An aligned output buffer for the core's ``out=``, or None to let the core allocate
-    (float16, which the core computes in float32, or a channel count the core will refuse)."""
-    if x.ndim != 4 or x.dtype not in (np.float32, np.float64) or channels is None:
-        return None
-    return _aligned_empty((k, channels, *out_hw), x.dtype)
-
-
 _HOST_DEVICE = []
 
 
@@ -223,9 +203,10 @@ def _eager_on_host(*tensors):
 def _to_tensor(a):
     """An eager tensor sharing NumPy array ``a``'s memory (DLPack) when it is 64-byte
     aligned, else a copy.  TF's from_dlpack accepts unaligned memory, but its kernels then
-    abort the process (``Check failed: IsAligned()``)."""
+    abort the process (``Check failed: IsAligned()``).  roicore.core's outputs are aligned
+    (its ALIGNMENT is TF's EIGEN_MAX_ALIGN_BYTES); float16 results may not be."""
     if (a.size and a.flags.c_contiguous and a.flags.writeable
-            and a.ctypes.data % _ALIGNMENT == 0):
+            and a.ctypes.data % ALIGNMENT == 0):
         return tf.experimental.dlpack.from_dlpack(a.__dlpack__())
     return tf.convert_to_tensor(a)
 
@@ -305,18 +286,7 @@ def _graph(op, x, boxes, box_indices, out_shape, forward, backward, with_argmax,
     @tf.custom_gradient
     def _op(x, boxes, box_indices):
         def forward_saving(x, b, i):
-            res = forward(x, b, i, saving)
-            if not saving:
-                return res
-            # TF copies an unaligned result with page faults on 4 KiB pages; NumPy's copy
-            # into an aligned buffer (which TF then keeps) costs about a quarter of that.
-            # The core allocates the argmax itself (it has no argmax out=).
-            y, argmax = res
-            if argmax.ctypes.data % _ALIGNMENT:
-                aligned = _aligned_empty(argmax.shape, argmax.dtype)
-                np.copyto(aligned, argmax)
-                argmax = aligned
-            return y, argmax
+            return forward(x, b, i, saving)  # 64-byte aligned: TF keeps it uncopied
 
         dtypes = [x.dtype, tf.int32] if saving else [x.dtype]
         y, *saved = tf.numpy_function(forward_saving, [x, boxes, box_indices], dtypes,
@@ -406,8 +376,7 @@ def _roi_pool(images, boxes, box_indices, output_size, spatial_scale, method,
             xyxy, i = _xyxy(b, i, x.shape[0])
             return core.roi_pool(x, xyxy, out_hw, batch_indices=i, method="bilinear",
                                  convention=rules, extrapolation_value=extrapolation_value,
-                                 n_threads=n_threads,
-                                 out=_out_buffer(x, len(xyxy), x.shape[1], out_hw))
+                                 n_threads=n_threads)
 
         def backward(dy, b, i, shape):
             xyxy, i = _xyxy(b, i, shape[0])
@@ -422,7 +391,7 @@ def _roi_pool(images, boxes, box_indices, output_size, spatial_scale, method,
         xyxy, i = _xyxy(b, i, x.shape[0])
         res = core.roi_pool(x, xyxy, out_hw, spatial_scale, batch_indices=i, method="max",
                             convention=_MAX_RULES, return_argmax=with_argmax,
-                            n_threads=n_threads, out=_out_buffer(x, len(xyxy), x.shape[1], out_hw))
+                            n_threads=n_threads)
         if not with_argmax:
             return res
         y, argmax = res
@@ -489,7 +458,7 @@ def psroi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, outpu
             d = None  # the core explains the mismatch
         return core.psroi_pool(x, xyxy, out_hw, spatial_scale, output_channels=output_channels,
                                group_size=group_size, batch_indices=i, convention=rules,
-                               n_threads=n_threads, out=_out_buffer(x, len(xyxy), d, out_hw))
+                               n_threads=n_threads)
 
     def backward(dy, b, i, shape):
         xyxy, i = _xyxy(b, i, shape[0])
@@ -533,8 +502,7 @@ def roi_align(images, boxes, box_indices, output_size, spatial_scale=1.0, sampli
     def forward(x, b, i, argmax):
         xyxy, i = _xyxy(b, i, x.shape[0])
         return core.roi_align(x, xyxy, out_hw, spatial_scale, sampling_ratio, aligned,
-                              batch_indices=i, convention=rules, n_threads=n_threads,
-                              out=_out_buffer(x, len(xyxy), x.shape[1], out_hw))
+                              batch_indices=i, convention=rules, n_threads=n_threads)
 
     def backward(dy, b, i, shape):
         xyxy, i = _xyxy(b, i, shape[0])

@@ -295,13 +295,17 @@ def traced_peak(fn, *args):
     stops just after), so the inputs, and anything allocated earlier and still alive, are
     not counted.  NumPy reports its data buffers to tracemalloc; so does Python for its
     objects.  Memory taken by C code through plain malloc (e.g. OpenMP's thread pool and
-    thread stacks) is not seen.
+    thread stacks) is not seen.  roicore.core's output cache is emptied first, so that
+    outputs are traced as the fresh allocations a first call makes rather than reused.
     """
     import gc
     import tracemalloc
+
+    from roicore.core import release_output_cache
     if tracemalloc.is_tracing():
         raise RuntimeError("traced_peak needs tracemalloc off (it starts and stops it)")
     gc.collect()
+    release_output_cache()
     tracemalloc.start()
     try:
         result = fn(*args)

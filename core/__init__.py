@@ -8,6 +8,10 @@ Operators (forward and backward, float16/32/64):
 
 Each takes a ``convention`` naming the framework whose arithmetic to reproduce bit for bit
 (see :mod:`roicore.core.conventions`).  Importing this package loads no ML framework.
+
+Large outputs come from a cache of freed output memory, as the frameworks' allocators do
+(:func:`set_output_cache_limit`, :func:`release_output_cache`); every function also takes
+``out=`` to write into a buffer of the caller's.
 """
 try:
     from . import _kernels  # noqa: F401
@@ -23,6 +27,7 @@ except ImportError as exc:  # pragma: no cover - exercised only by broken instal
     ) from exc
 
 from . import conventions
+from ._memory import output_cache_stats, release_output_cache, set_output_cache_limit
 from ._threads import effective_n_threads, openmp_enabled
 from .ops import (
     psroi_pool, psroi_pool_backward, roi_align, roi_align_backward, roi_pool,
@@ -34,4 +39,5 @@ __version__ = "0.1.0"
 __all__ = [
     "roi_pool", "roi_pool_backward", "psroi_pool", "psroi_pool_backward", "roi_align",
     "roi_align_backward", "conventions", "openmp_enabled", "effective_n_threads",
+    "set_output_cache_limit", "release_output_cache", "output_cache_stats",
 ]

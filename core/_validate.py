@@ -12,6 +12,8 @@ import operator
 
 import numpy as np
 
+from . import _memory
+
 # Scaled box coordinates must stay within +-2**24 feature-map pixels: float32 stops
 # representing every integer there, and beyond 2**31 the frameworks' float-to-int
 # conversions are undefined behaviour.
@@ -59,12 +61,10 @@ def expect_shape(arr, shape, name):
 
 
 def out_buffer(out, shape, dtype, inputs, name="out"):
-    """A caller's output buffer to write into, or a fresh one when ``out`` is None.
-
-    Reusing a buffer saves the page faults of a fresh large allocation on every call.
-    """
+    """A caller's output buffer to write into, or one from the output cache when ``out``
+    is None (see _memory: a fresh large allocation costs page faults on every call)."""
     if out is None:
-        return np.empty(shape, dtype)
+        return _memory.empty(shape, dtype)
     if not isinstance(out, np.ndarray):
         raise TypeError(f"{name} must be a NumPy array, got {type(out).__name__}")
     if out.dtype != dtype or out.shape != tuple(shape):

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _kernels
+from . import _kernels, _memory
 from . import _validate as V
 from ._threads import effective_n_threads
 from .conventions import (
@@ -71,8 +71,6 @@ def _output(out, shape, xc, out_dtype, *also_read):
 
 def _gradient(out, shape, g, out_dtype, *also_read):
     """The zero-filled dx a backward kernel adds into."""
-    if out is None:
-        return np.zeros(shape, g.dtype)
     dx = _output(out, shape, g, out_dtype, *also_read)
     dx.fill(0)
     return dx
@@ -163,8 +161,8 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, me
         V.coordinate_range(coords, scale, scale)
         # an argmax with no rows tells the kernel not to compute it
         is_global = rules.argmax == "global"
-        argmax = np.empty(out.shape if return_argmax else (0,) + out.shape[1:],
-                          _argmax_dtype(rules, xc.size if is_global else H * W))
+        argmax = _memory.empty(out.shape if return_argmax else (0,) + out.shape[1:],
+                               _argmax_dtype(rules, xc.size if is_global else H * W))
         _kernels.roi_pool_max_forward(xc, coords, batch, scale, *_max_kernel_args(rules, xc.dtype),
                                       out, argmax, is_global, threads)
         y = out.astype(out_dtype, copy=False)

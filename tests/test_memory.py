@@ -1,0 +1,226 @@
+"""The output cache (roicore.core._memory): freed large outputs are reused, never while any
+view of them lives, within the idle limit, from any thread; and results out of reused
+memory are the same bits as out of fresh memory."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import roicore.core as rc
+from roicore.core import _memory
+
+MB = 1 << 20
+
+
+@pytest.fixture
+def cache():
+    """The process-wide cache, emptied, with its limit restored afterwards."""
+    rc.release_output_cache()
+    previous = rc.set_output_cache_limit(256 * MB)
+    yield
+    rc.set_output_cache_limit(previous)
+    rc.release_output_cache()
+
+
+def _align_case(rois=64):
+    """A roi_align call whose output (rois x 64 x 7 x 7 float32, 800 KB per 64 rois) is
+    large enough for the cache."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 64, 20, 24)).astype(np.float32)
+    xy = rng.uniform(0, 300, (rois, 2))
+    boxes = np.hstack([xy, xy + rng.uniform(8, 120, (rois, 2))]).astype(np.float32)
+    return lambda: rc.roi_align(x, boxes, 7, 1 / 16, 2, batch_indices=np.zeros(rois, np.int64))
+
+
+def test_outputs_are_aligned_and_freed_ones_reused(cache):
+    call = _align_case(rois=128)
+    y = call()
+    assert y.nbytes >= _memory.MIN_BYTES and y.flags.c_contiguous and y.flags.writeable
+    assert y.ctypes.data % 64 == 0
+    want, address = y.copy(), y.ctypes.data
+    del y
+    before = rc.output_cache_stats()
+    assert before["idle_blocks"] == 1
+    y = call()
+    assert y.ctypes.data == address and rc.output_cache_stats()["hits"] == before["hits"] + 1
+    np.testing.assert_array_equal(y, want)
+    small = rc.roi_align(np.ones((1, 1, 4, 4), np.float32), np.array([[0, 0, 0, 3, 3]], np.float32), 2)
+    assert small.ctypes.data % 64 == 0  # small outputs skip the cache but are aligned too
+
+
+def test_a_live_view_keeps_its_memory(cache):
+    call = _align_case(rois=128)
+    y = call()
+    view = y[5:]
+    kept = view.copy()
+    del y
+    assert rc.output_cache_stats()["idle_blocks"] == 0  # the view still uses the block
+    y2 = call()  # another output of the same size, written while the view lives
+    assert not np.shares_memory(y2, view)
+    np.testing.assert_array_equal(view, kept)
+    del view
+    assert rc.output_cache_stats()["idle_blocks"] >= 1
+
+
+def test_reused_garbage_gives_the_same_bits(cache):
+    """Every kernel writes every element of its output (and backwards zero dx first): a
+    cache full of NaN-poisoned blocks of the right sizes changes nothing."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 48, 30, 33)).astype(np.float32)
+    xy = rng.uniform(-50, 500, (300, 2))
+    rois = np.hstack([rng.integers(0, 2, (300, 1)), xy,
+                      xy + rng.uniform(-30, 300, (300, 2))]).astype(np.float32)
+    ps_x = rng.standard_normal((2, 3 * 49, 30, 33)).astype(np.float32)
+
+    def run():
+        y, am = rc.roi_pool(x, rois, 7, 1 / 16, return_argmax=True)
+        g = np.ones_like(y)
+        ps = rc.psroi_pool(ps_x, rois, 7, 1 / 16)
+        return [y, am, rc.roi_pool_backward(g, rois, x.shape, argmax=am),
+                rc.roi_align(x, rois, 7, 1 / 16, 2),
+                rc.roi_align_backward(g, rois, x.shape, 1 / 16, 2),
+                rc.roi_pool(x, rois[:, 1:] / 600, 7, batch_indices=rois[:, 0].astype(int),
+                            method="bilinear"),
+                ps, rc.psroi_pool_backward(np.ones_like(ps), rois, ps_x.shape, 1 / 16)]
+
+    rc.set_output_cache_limit(0)
+    fresh = run()
+    rc.set_output_cache_limit(256 * MB)
+    for a in run():  # fill the cache with blocks of these sizes, poisoned
+        a.view(np.uint8).fill(0xFF)  # NaN as float, -1 as int
+    assert rc.output_cache_stats()["idle_blocks"] >= 3
+    hits = rc.output_cache_stats()["hits"]
+    for got, want in zip(run(), fresh):
+        np.testing.assert_array_equal(got, want)
+    assert rc.output_cache_stats()["hits"] > hits
+
+
+def test_limit_zero_turns_the_cache_off(cache):
+    assert rc.set_output_cache_limit(0) == 256 * MB
+    y = _align_case(rois=128)()
+    del y
+    assert rc.output_cache_stats()["idle_blocks"] == 0
+
+
+def test_idle_blocks_stay_under_the_limit_oldest_evicted():
+    c = _memory.OutputCache(5 * MB)
+    a, b, d = (c.empty((n * MB,), np.uint8) for n in (2, 2, 2))
+    first = a.ctypes.data
+    del a, b
+    assert c.stats()["idle_bytes"] == 4 * MB
+    del d  # 6 MB idle > 5 MB: the oldest (a's block) goes
+    s = c.stats()
+    assert s["idle_blocks"] == 2 and s["idle_bytes"] == 4 * MB
+    got = [c.empty((2 * MB,), np.uint8) for _ in range(3)]
+    assert first not in [g.ctypes.data for g in got[:2]] and c.stats()["hits"] == 2
+    big = c.empty((6 * MB,), np.uint8)  # over the limit: never cached
+    del big
+    assert c.stats()["idle_blocks"] == 0
+    assert c.release() == 0
+
+
+def test_a_block_serves_requests_a_little_smaller_than_itself():
+    c = _memory.OutputCache(64 * MB)
+    a = c.empty((1000, MB // 100), np.uint8)
+    address = a.ctypes.data
+    del a
+    b = c.empty((800, MB // 100), np.uint8)  # 20% smaller: reused
+    assert b.ctypes.data == address and b.shape == (800, MB // 100)
+    del b
+    d = c.empty((500, MB // 100), np.uint8)  # half: a fresh block
+    assert d.ctypes.data != address and c.stats()["idle_blocks"] == 1
+
+
+def test_limit_and_environment_are_validated(monkeypatch):
+    with pytest.raises(TypeError, match="nbytes must be an int, got str"):
+        rc.set_output_cache_limit("1GB")
+    with pytest.raises(ValueError, match="nbytes must be >= 0, got -1"):
+        rc.set_output_cache_limit(-1)
+    monkeypatch.setenv("ROICORE_OUTPUT_CACHE_MB", "lots")
+    with pytest.raises(ValueError, match="ROICORE_OUTPUT_CACHE_MB must be a number of MB, got 'lots'"):
+        _memory._default_limit()
+    monkeypatch.setenv("ROICORE_OUTPUT_CACHE_MB", "-5")
+    with pytest.raises(ValueError, match="ROICORE_OUTPUT_CACHE_MB must be >= 0"):
+        _memory._default_limit()
+    monkeypatch.setenv("ROICORE_OUTPUT_CACHE_MB", "1.5")
+    assert _memory._default_limit() == int(1.5 * MB)
+    monkeypatch.delenv("ROICORE_OUTPUT_CACHE_MB")
+    assert 0 < _memory._default_limit() <= 2 << 30
+
+
+def test_threads_never_share_a_live_block():
+    c = _memory.OutputCache(32 * MB)
+    errors = []
+
+    def work(tag):
+        rng = np.random.default_rng(tag)
+        try:
+            for _ in range(200):
+                a = c.empty((int(rng.integers(1, 4)) * MB // 4,), np.float32)
+                a.fill(tag)
+                for _ in range(3):
+                    threading.Event().wait(0)  # let the other threads run
+                if not (a == tag).all():
+                    errors.append(f"thread {tag}: its array was overwritten")
+                del a
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert c.stats()["idle_bytes"] <= 32 * MB and c.stats()["hits"] > 0
+
+
+class CacheMachine(RuleBasedStateMachine):
+    """Random sequences of allocations, frees and limit changes: live arrays never overlap
+    and keep their contents, and idle memory never exceeds the limit."""
+
+    def __init__(self):
+        super().__init__()
+        self.cache = _memory.OutputCache(8 * MB)
+        self.live = []  # (array, fill value)
+        self.counter = 0
+
+    @rule(quarter_mb=st.integers(1, 24), dtype=st.sampled_from([np.uint8, np.float32, np.int64]))
+    def allocate(self, quarter_mb, dtype):
+        itemsize = np.dtype(dtype).itemsize
+        a = self.cache.empty((quarter_mb * MB // 4 // itemsize,), dtype)
+        assert a.ctypes.data % 64 == 0 and a.dtype == dtype
+        self.counter += 1
+        a.fill(self.counter % 100)
+        self.live.append((a, self.counter % 100))
+
+    @precondition(lambda self: self.live)
+    @rule(i=st.integers(0, 1000), keep_view=st.booleans())
+    def free(self, i, keep_view):
+        a, v = self.live.pop(i % len(self.live))
+        if keep_view and a.size > 1:
+            self.live.append((a[1:], v))
+
+    @rule(mb=st.integers(0, 12))
+    def set_limit(self, mb):
+        self.cache.set_limit(mb * MB)
+
+    @invariant()
+    def live_arrays_are_intact_and_disjoint(self):
+        for k, (a, v) in enumerate(self.live):
+            assert (a == v).all()
+            for b, _ in self.live[k + 1:]:
+                assert not np.shares_memory(a, b)
+
+    @invariant()
+    def idle_memory_is_within_the_limit(self):
+        s = self.cache.stats()
+        assert s["idle_bytes"] <= s["limit"]
+
+
+TestCacheMachine = CacheMachine.TestCase
+TestCacheMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
