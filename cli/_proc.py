@@ -55,10 +55,12 @@ class WorkerDied(RuntimeError):
 class Worker:
     """A framework worker process.  ``request(obj)`` sends one message, returns the reply."""
 
-    def __init__(self, kind, framework, threads=None, label=None, quiet_progress=False):
+    def __init__(self, kind, framework, threads=None, label=None, quiet_progress=False,
+                 env_defaults=None):
         self.framework = framework
         self.label = label or framework
-        env = dict(os.environ)
+        env = dict(env_defaults or {})
+        env.update(os.environ)
         env.update(QUIET_ENV)
         if threads:
             for k in THREAD_ENV:

@@ -733,6 +733,9 @@ class BenchState:
             self.calls = {}
             import gc
             gc.collect()
+            # the workload's idle output blocks would only crowd the next one's memory
+            from roicore.core import release_output_cache
+            release_output_cache()
             return dict(peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         raise ValueError(f"unknown command {msg['cmd']!r}")
 

@@ -156,11 +156,19 @@ def add_ratios(rows):
             r["overhead"] = r["median_ms"] / r["core_ms"]
 
 
+# roicore.core's output cache in the framework workers (which time the adapters against the
+# core in-process): up to 2 GiB of idle blocks in each of four workers, beside the
+# frameworks' own pools, ran the 24 GB machines out of memory at c4_14x14.  512 MB still
+# holds the smaller workloads' outputs; the roicore worker keeps the default.
+FRAMEWORK_WORKER_CACHE = {"ROICORE_OUTPUT_CACHE_MB": "512"}
+
+
 def _start_workers(all_names, threads, fw_info):
     workers = {}
 
     def start(name):
-        w = Worker("bench", name, threads=threads, quiet_progress=True)
+        w = Worker("bench", name, threads=threads, quiet_progress=True,
+                   env_defaults=None if name == "roicore" else FRAMEWORK_WORKER_CACHE)
         return w, w.request(dict(cmd="init", threads=threads))
 
     for name, res in _parallel(start, all_names).items():
@@ -439,7 +447,10 @@ def print_report(report):
               "mxnet's for mxnet and tensorflow (per-plane argmax), with the argmax a gradient "
               "needs) are timed in "
               "the same worker process, interleaved in every round; the roicore ms column "
-              "above comes from the separate roicore worker")
+              "above comes from the separate roicore worker.  Output cache: the roicore "
+              "worker's default; ROICORE_OUTPUT_CACHE_MB="
+              f"{FRAMEWORK_WORKER_CACHE['ROICORE_OUTPUT_CACHE_MB']} in framework workers "
+              "(outputs above that are fresh allocations for adapter and core alike)")
     _note("extra MB: roicore.core's peak memory beyond its inputs and outputs, from tracemalloc "
           "during one untimed call (forward: peak - y; fwd+bwd: the larger of forward peak - y - "
           "argmax and backward peak - dx)")
