@@ -478,65 +478,51 @@ def test_out_argument():
         mxa.ROIPooling(x, r, (2, 2), 1.0, out=y)
 
 
-def _spy_core(monkeypatch, name):
-    """Record (kwargs, result) of every roicore.core.<name> call."""
-    calls = []
-    real = getattr(core, name)
-
-    def spy(*a, **kw):
-        res = real(*a, **kw)
-        calls.append((kw, res))
-        return res
-
-    monkeypatch.setattr(core, name, spy)
-    return calls
-
-
 _CORE_NAME = {"ROIPooling": "roi_pool", "PSROIPooling": "psroi_pool", "ROIAlign": "roi_align"}
 _ONE_PER_OP = [next(c for c in CASES if c[0] == "hard" and c[2]["op"] == op) for op in NATIVE]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
 @pytest.mark.parametrize("group,i,case", _ONE_PER_OP, ids=[_case_id(*c) for c in _ONE_PER_OP])
-def test_unrecorded_call_skips_argmax_and_matches_recorded(group, i, case, dtype, monkeypatch):
+def test_unrecorded_call_skips_argmax_and_matches_recorded(group, i, case, dtype, spy_core):
     """Outside autograd.record() the core is called directly, ROIPooling computes no argmax,
     and the output is the recorded path's (and MXNet's); a recorded call afterwards still
     gives MXNet's gradient."""
-    calls = _spy_core(monkeypatch, _CORE_NAME[case["op"]])
+    calls = spy_core(_CORE_NAME[case["op"]])
     y, _, _ = adapter(case, dtype)
-    assert len(calls) == 1 and not calls[0][0].get("return_argmax", False)
+    assert len(calls) == 1 and not calls[0].kwargs.get("return_argmax", False)
     y_nat, _, _ = native(case, dtype)
     assert_identical(y, y_nat)
     dy = head_gradient(y.shape, dtype, seed=i)
     y_rec, dx, _ = adapter(case, dtype, dy)
-    assert calls[1][0].get("return_argmax", False) == (case["op"] == "ROIPooling")
+    assert calls[1].kwargs.get("return_argmax", False) == (case["op"] == "ROIPooling")
     assert_identical(y_rec, y)
     assert_identical(dx, native(case, dtype, dy)[1])
 
 
 @pytest.mark.parametrize("group,i,case", _ONE_PER_OP, ids=[_case_id(*c) for c in _ONE_PER_OP])
-def test_out_is_written_in_place(group, i, case, monkeypatch):
+def test_out_is_written_in_place(group, i, case, spy_core):
     """out= of data's dtype on the CPU receives the core's result directly (its buffer is the
     core's out=); another dtype is filled by a copy, as before."""
-    calls = _spy_core(monkeypatch, _CORE_NAME[case["op"]])
+    calls = spy_core(_CORE_NAME[case["op"]])
     x, r = mx.nd.array(case["x"]), mx.nd.array(case["rois"])
     expected = native(case, np.float32)[0]
     y = mx.nd.zeros(expected.shape)
     assert getattr(mxa, case["op"])(x, r, **case["kw"], out=y) is y
-    given = calls[-1][0]["out"]
+    given = calls[-1].kwargs["out"]
     assert given is not None and given.ctypes.data == mxa._as_numpy(y).ctypes.data
     assert_identical(y.asnumpy(), expected)
     y64 = mx.nd.zeros(expected.shape, dtype="float64")
     getattr(mxa, case["op"])(x, r, **case["kw"], out=y64)
-    assert calls[-1][0]["out"] is None
+    assert calls[-1].kwargs["out"] is None
     assert_identical(y64.asnumpy(), expected.astype(np.float64))
 
 
-def test_symbol_forward_writes_into_the_executor_buffer(monkeypatch):
+def test_symbol_forward_writes_into_the_executor_buffer(spy_core):
     """The CustomOp computes straight into the output buffer MXNet bound (req="write"),
     and still fills maxidx for the backward."""
     case = _hard_cases()[0]
-    calls = _spy_core(monkeypatch, "roi_pool")
+    calls = spy_core("roi_pool")
     data, rois = mx.sym.var("data"), mx.sym.var("rois")
     out = mxa.ROIPooling(data, rois, **case["kw"])
     x, r = mx.nd.array(case["x"]), mx.nd.array(case["rois"])
@@ -545,7 +531,7 @@ def test_symbol_forward_writes_into_the_executor_buffer(monkeypatch):
     for is_train in (False, True):
         y = ex.forward(is_train=is_train)[0]
         y_np = y.asnumpy()
-        kw, res = calls[-1]
+        _, kw, res = calls[-1]
         assert kw["out"] is not None and kw["return_argmax"]
         assert_identical(y_np, native(case, np.float32)[0])
     dy = head_gradient(y_np.shape, np.float32)

@@ -410,38 +410,24 @@ def test_place_dtype_and_stop_gradient(op, dtype):
     assert y2.stop_gradient
 
 
-def _spy_core(monkeypatch, op):
-    """Record the keyword arguments and results of every roicore.core.<op> call."""
-    calls = []
-    real = getattr(core, op)
-
-    def spy(*a, **kw):
-        res = real(*a, **kw)
-        calls.append((kw, res))
-        return res
-
-    monkeypatch.setattr(core, op, spy)
-    return calls
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("mode", ["stop_gradient", "no_grad"])
-def test_inference_path_matches_grad_path(op, dtype, mode, monkeypatch):
+def test_inference_path_matches_grad_path(op, dtype, mode, spy_core):
     """Without a possible gradient (stop_gradient, paddle.no_grad) the core is called
     directly and roi_pool computes no argmax; the output is bit-identical to the recorded
     path's and to Paddle's, and a gradient taken afterwards is still Paddle's."""
     case = native_safe(hard_cases(op, dtype)["outside_reversed" if op != "roi_align" else
                                               "outside_reversed-alignedFalse-sr2"])
     args = (tensor(case["boxes"]), tensor(case["counts"], "int32"))
-    calls = _spy_core(monkeypatch, op)
+    calls = spy_core(op)
     if mode == "stop_gradient":
         y = _adapter(op)(tensor(case["x"]), *args, **case["kw"])
     else:
         with paddle.no_grad():
             y = _adapter(op)(tensor(case["x"], grad=True), *args, **case["kw"])
     assert y.stop_gradient
-    assert len(calls) == 1 and not calls[0][0].get("return_argmax", False)
+    assert len(calls) == 1 and not calls[0].kwargs.get("return_argmax", False)
     want_y, want_g = run(_native(op), case, 2)
     assert_same(y.numpy(), want_y, f"{op} {mode} output")
     got_y, got_g = run(_adapter(op), case, 2)  # the recorded path, after the inference one
@@ -451,14 +437,14 @@ def test_inference_path_matches_grad_path(op, dtype, mode, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_roi_pool_keeps_an_int32_argmax_for_its_backward(dtype, monkeypatch):
+def test_roi_pool_keeps_an_int32_argmax_for_its_backward(dtype, spy_core):
     """The recorded roi_pool keeps Paddle's h*W + w argmax as int32 (half the memory of
     Paddle's int64) and still gives Paddle's gradient; the legacy return_argmax hands out
     Paddle's int64 argmax, recorded or not."""
     case = hard_cases("roi_pool", dtype)["bins_57_29"]
-    calls = _spy_core(monkeypatch, "roi_pool")
+    calls = spy_core("roi_pool")
     got_y, got_g = run(rp.roi_pool, case, 3)
-    (kw, (_, argmax)), = calls
+    (_, kw, (_, argmax)), = calls
     assert kw["return_argmax"] and argmax.dtype == np.int32
     want = _native_argmax(case)
     assert_same(argmax.astype(np.int64), want, "int32 argmax values")
@@ -485,26 +471,18 @@ def test_boxes_get_no_gradient():
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_no_copies_on_cpu(op, monkeypatch):
+def test_no_copies_on_cpu(op, spy_core):
     """x and boxes reach the core as views of the Paddle buffers, and the core's result
     becomes the output tensor without a copy."""
     case = random_case(op, "float32", 2)
     case["boxes"] = np.array([[1, 1, 9, 9], [0, 2, 5, 7]], np.float32)
     case["counts"] = np.array([2] + [0] * (case["x"].shape[0] - 1), np.int32)
-    seen = {}
-    real = getattr(core, op)
-
-    def spy(x, boxes, *a, **kw):
-        seen["x"], seen["boxes"] = x.ctypes.data, boxes.ctypes.data
-        res = real(x, boxes, *a, **kw)
-        seen["y"] = (res[0] if isinstance(res, tuple) else res).ctypes.data
-        return res
-
-    monkeypatch.setattr(core, op, spy)
+    calls = spy_core(op)
     x, b = tensor(case["x"]), tensor(case["boxes"])
     y = _adapter(op)(x, b, tensor(case["counts"], "int32"), **case["kw"])
-    assert seen["x"] == x.data_ptr() and seen["boxes"] == b.data_ptr()
-    assert seen["y"] == y.data_ptr()
+    ((x_in, boxes_in, *_), _, res), = calls
+    assert x_in.ctypes.data == x.data_ptr() and boxes_in.ctypes.data == b.data_ptr()
+    assert (res[0] if isinstance(res, tuple) else res).ctypes.data == y.data_ptr()
 
 
 def test_strided_input():

@@ -156,32 +156,18 @@ def test_n_threads_does_not_change_results():
 # ---------------------------------------------------------------------------------------
 # How the core is called: eager zero-copy views, argmax only when a tape records
 
-def _spy_core(monkeypatch, name):
-    """Record (args, kwargs, result) of every roicore.core.<name> call."""
-    calls = []
-    real = getattr(core, name)
-
-    def spy(*a, **kw):
-        res = real(*a, **kw)
-        calls.append((a, kw, res))
-        return res
-
-    monkeypatch.setattr(core, name, spy)
-    return calls
-
-
 _CORE_NAME = {"roi_pool_max": "roi_pool", "roi_pool_bilinear": "roi_pool",
               "psroi_pool": "psroi_pool", "roi_align": "roi_align"}
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_eager_call_without_tape_computes_no_argmax(op, monkeypatch):
+def test_eager_call_without_tape_computes_no_argmax(op, spy_core):
     """No GradientTape records the images: the core is called directly, without an argmax,
     on a view of the images' memory (no copy), and its aligned result becomes the output
     tensor (no copy); a taped call afterwards gives the same output and the gradient."""
     x, boxes, idx = make_case(op, 3)
     images = tf.constant(x)
-    calls = _spy_core(monkeypatch, _CORE_NAME[op])
+    calls = spy_core(_CORE_NAME[op])
     y = call_adapter(op, images, boxes, idx, "NCHW")
     (args, kw, res), = calls
     assert not kw.get("return_argmax", False)
@@ -192,12 +178,12 @@ def test_eager_call_without_tape_computes_no_argmax(op, monkeypatch):
     np.testing.assert_array_equal(y.numpy(), y_core)
     dy = np.random.default_rng(4).standard_normal(y_core.shape).astype(np.float32)
     y2, g = forward_and_grad(op, x, boxes, idx, dy, "NCHW")
-    assert calls[-1][1].get("return_argmax", False) == (op == "roi_pool_max")
+    assert calls[-1].kwargs.get("return_argmax", False) == (op == "roi_pool_max")
     np.testing.assert_array_equal(y2.numpy(), y_core)
     np.testing.assert_array_equal(g.numpy(), core_backward(op, dy, x, boxes, idx))
     with tf.GradientTape() as tape:  # a tape that does not watch the images changes nothing
         call_adapter(op, images, boxes, idx, "NCHW")
-    assert not calls[-1][1].get("return_argmax", False)
+    assert not calls[-1].kwargs.get("return_argmax", False)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
@@ -212,11 +198,11 @@ def test_eager_outputs_are_aligned_for_tf_kernels(dtype):
         np.testing.assert_array_equal((t * 2).numpy(), t.numpy() * 2)
 
 
-def test_tf_function_results_are_aligned_core_buffers(monkeypatch):
+def test_tf_function_results_are_aligned_core_buffers(spy_core):
     """In a graph tf.numpy_function keeps 64-byte-aligned results without a copy: the core
     allocates its outputs so; and the argmax is computed, as a tape may watch the call."""
     x, boxes, idx = make_case("roi_pool_max", 2)
-    calls = _spy_core(monkeypatch, "roi_pool")
+    calls = spy_core("roi_pool")
     y = tf.function(lambda im: call_adapter("roi_pool_max", im, boxes, idx, "NCHW"))(
         tf.constant(x))
     (_, kw, res), = calls
@@ -351,7 +337,7 @@ def test_keras_layer_equals_op():
     assert layer.get_config()["data_format"] == "channels_first"
 
 
-def test_keras_roi_pool_training_false_skips_the_argmax_in_a_graph(monkeypatch):
+def test_keras_roi_pool_training_false_skips_the_argmax_in_a_graph(spy_core):
     """RoIPool called with training=False (Keras predict) in a graph computes no argmax in
     the forward pass; a gradient taken all the same recomputes it and is still the core's;
     training=True (fit) computes it in the forward pass."""
@@ -360,7 +346,7 @@ def test_keras_roi_pool_training_false_skips_the_argmax_in_a_graph(monkeypatch):
     y_core = core_forward("roi_pool_max", x, boxes, idx)
     dy = np.random.default_rng(6).standard_normal(y_core.shape).astype(np.float32)
     g_core = core_backward("roi_pool_max", dy, x, boxes, idx)
-    calls = _spy_core(monkeypatch, "roi_pool")
+    calls = spy_core("roi_pool")
 
     @tf.function
     def run(im, training):
@@ -390,7 +376,7 @@ def test_keras_roi_pool_training_false_skips_the_argmax_in_a_graph(monkeypatch):
     del calls[:]
     np.testing.assert_array_equal(model.predict([x, boxes, idx], batch_size=4, verbose=0),
                                   core_forward("roi_pool_max", x, boxes, idx))
-    assert calls[0][1]["return_argmax"] is False
+    assert calls[0].kwargs["return_argmax"] is False
     assert not any(kw.get("return_argmax", False) for _, kw, _ in calls)
 
 
