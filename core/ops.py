@@ -23,8 +23,9 @@ n_threads : int or None
     on it.
 out : ndarray, optional
     A C-contiguous array of the result's shape and of the input's dtype (float32 or
-    float64) to write the result into and return; reusing one across calls avoids the
-    page faults of a fresh large allocation.  Backward functions zero it first.
+    float64) to write the result into and return.  Backward functions zero it first.
+    Without it, a result of 1 MiB or more takes memory freed by earlier results when it
+    can (see :func:`roicore.core.set_output_cache_limit`).
 
 Backward functions return the gradient with respect to ``x`` for an upstream gradient of
 the forward output's shape; boxes receive no gradient (as in every framework here).
