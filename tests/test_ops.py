@@ -259,6 +259,12 @@ def _thread_cases():
             x, rois, 7, 1 / 16, -1, True, convention=c, n_threads=n)
         yield f"roi_align backward {conv}", lambda n, c=conv: rc.roi_align_backward(
             y7, rois, x.shape, 1 / 16, -1, True, convention=c, n_threads=n)
+    # whole 64-channel blocks, a tail, and narrower blocks for more threads than blocks
+    wide = rng.standard_normal((2, 200, 19, 23)).astype(np.float32)
+    g_wide = rng.standard_normal((80, 200, 3, 3)).astype(np.float32)
+    yield "roi_align 200 channels", lambda n: rc.roi_align(wide, rois, 3, 1 / 16, 2, n_threads=n)
+    yield "roi_align backward 200 channels", lambda n: rc.roi_align_backward(
+        g_wide, rois, wide.shape, 1 / 16, 2, n_threads=n)
 
 
 @pytest.mark.parametrize("name,run", list(_thread_cases()), ids=lambda v: v if isinstance(v, str) else "")
@@ -347,6 +353,45 @@ def test_roi_align_large_case(dtype, convention, aligned):
     dx = rc.roi_align_backward(g, boxes, x.shape, *args[1:], batch_indices=batch,
                                convention=convention)
     assert_same(dx, ref.roi_align_backward(g, boxes, batch, x.shape, *args, ROI_ALIGN[convention]))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("convention", sorted(ROI_ALIGN))
+def test_roi_align_whole_channel_blocks_and_tail(dtype, convention):
+    """69 channels: the kernels pool whole blocks of 64 (float32) or 32 (float64) channels
+    with one code path and the rest with another; both against the reference."""
+    x, boxes, batch = _large_case(dtype, 6, channels=69)
+    x[1, :, 0, 0] = np.nan  # reaches outputs through out-of-map samples (0 * v[0, 0])
+    boxes, batch = boxes[:6], batch[:6]
+    boxes[0] = [-40, -40, 100, 90]  # samples outside the map
+    boxes[1] = [30, 30, 31, 31]     # aligned: a box smaller than a bin
+    batch[:2] = 1
+    rules = ROI_ALIGN[convention]
+    rng = np.random.default_rng(7)
+    for aligned in (False, True):
+        args = ((3, 2), 1 / 16, 2, aligned)
+        y = rc.roi_align(x, boxes, *args, batch_indices=batch, convention=convention)
+        assert_same(y, ref.roi_align(x, boxes, batch, *args, rules))
+        g = rng.standard_normal(y.shape).astype(dtype)
+        dx = rc.roi_align_backward(g, boxes, x.shape, *args[1:], batch_indices=batch,
+                                   convention=convention)
+        assert_same(dx, ref.roi_align_backward(g, boxes, batch, x.shape, *args, rules))
+
+
+def test_large_outputs_have_the_same_bits_as_small_ones():
+    """Outputs of 8 MiB or more are written with non-temporal stores through a staging
+    buffer: a call whose output is that large must agree with calls on a few boxes."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 130, 20, 24)).astype(np.float32)
+    xy = rng.uniform(-20, 300, (400, 2))
+    boxes = np.hstack([xy, xy + rng.uniform(-10, 200, (400, 2))]).astype(np.float32)
+    batch = rng.integers(0, 2, 400)
+    for conv in sorted(ROI_ALIGN):
+        y = rc.roi_align(x, boxes, 7, 1 / 16, 2, True, batch_indices=batch, convention=conv)
+        assert y.nbytes >= 8 << 20
+        for part in (slice(0, 3), slice(150, 153), slice(397, 400)):
+            assert_same(y[part], rc.roi_align(x, boxes[part], 7, 1 / 16, 2, True,
+                                              batch_indices=batch[part], convention=conv))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -33,6 +33,7 @@
 typedef float roicore_v8f __attribute__((vector_size(32)));
 typedef int32_t roicore_v8i __attribute__((vector_size(32)));
 typedef double roicore_v8d __attribute__((vector_size(64)));
+typedef double roicore_v4d __attribute__((vector_size(32)));
 typedef int64_t roicore_v8l __attribute__((vector_size(64)));  /* shuffle masks for v8d */
 
 static inline roicore_v8f roicore_load8(const float *p) { roicore_v8f v; memcpy(&v, p, 32); return v; }
@@ -143,6 +144,54 @@ ROICORE_CLONES static void roicore_max_bin_f64(const double *img, int64_t W, int
     }
 ROICORE_FOR_BOTH_TYPES(ROICORE_ALIGN_BIN)
 
+/* RoIAlign forward, one whole box on one channel block: img is an (H, W, L) block of the
+ * map (L = 8 vectors of VT: 64 floats or 32 doubles, 256 bytes per pixel), the tables are
+ * the box's PH*gy row and PW*gx column samples, and out gets its (bin, L) sums, each
+ * channel summed from 0 in (iy, ix) order exactly as roicore_align_bin does.  The sums
+ * live in 8 vector registers for a whole bin, so a sample costs its corner loads and
+ * arithmetic only; a bin row touches a few rows x the box width x 256 bytes, which stays
+ * in L1 where the full-width (2 KiB per pixel at C = 512) rows did not. */
+#define ROICORE_ALIGN_BOX(SUFFIX, T, VT)                                                       \
+    ROICORE_CLONES static void roicore_align_box_##SUFFIX(                                     \
+        const T *img, int64_t W, int64_t PH, int64_t PW, int64_t gy, const int64_t *ylo,       \
+        const int64_t *yhi, const T *ylw, const T *yhw, int64_t gx, const int64_t *xlo,        \
+        const int64_t *xhi, const T *xlw, const T *xhw, T norm, int divide, T *restrict out) { \
+        enum { LANES = sizeof(VT) / sizeof(T), L = 8 * LANES };                                \
+        typedef VT VTu __attribute__((aligned(sizeof(T))));                                    \
+        for (int64_t ph = 0; ph < PH; ++ph)                                                    \
+            for (int64_t pw = 0; pw < PW; ++pw) {                                              \
+                VT acc[8];                                                                     \
+                for (int q = 0; q < 8; ++q) acc[q] = (VT){0};                                  \
+                for (int64_t iy = ph * gy; iy < (ph + 1) * gy; ++iy)                           \
+                    for (int64_t ix = pw * gx; ix < (pw + 1) * gx; ++ix) {                     \
+                        const T *a = img, *b = img, *c = img, *d = img;                        \
+                        T w1 = 0, w2 = 0, w3 = 0, w4 = 0;                                      \
+                        if (ylo[iy] >= 0 && xlo[ix] >= 0) {                                    \
+                            a = img + (ylo[iy] * W + xlo[ix]) * L;                             \
+                            b = img + (ylo[iy] * W + xhi[ix]) * L;                             \
+                            c = img + (yhi[iy] * W + xlo[ix]) * L;                             \
+                            d = img + (yhi[iy] * W + xhi[ix]) * L;                             \
+                            w1 = ylw[iy] * xlw[ix];                                            \
+                            w2 = ylw[iy] * xhw[ix];                                            \
+                            w3 = yhw[iy] * xlw[ix];                                            \
+                            w4 = yhw[iy] * xhw[ix];                                            \
+                        }                                                                      \
+                        /* keep the four corner pointers as bases: otherwise GCC makes    \
+                           32 induction variables of a[q] .. d[q] and spills them */       \
+                        __asm__("" : "+r"(a), "+r"(b), "+r"(c), "+r"(d));                      \
+                        _Pragma("GCC unroll 8")                                                \
+                        for (int q = 0; q < 8; ++q)                                            \
+                            acc[q] = acc[q] + (((w1 * ((const VTu *)a)[q] + w2 * ((const VTu *)b)[q]) \
+                                                + w3 * ((const VTu *)c)[q]) + w4 * ((const VTu *)d)[q]); \
+                    }                                                                          \
+                VTu *o = (VTu *)(out + (ph * PW + pw) * L);                                    \
+                _Pragma("GCC unroll 8")                                                        \
+                for (int q = 0; q < 8; ++q) o[q] = divide ? acc[q] / norm : acc[q] * norm;     \
+            }                                                                                  \
+    }
+ROICORE_ALIGN_BOX(f32, float, roicore_v8f)
+ROICORE_ALIGN_BOX(f64, double, roicore_v4d)
+
 /* RoIAlign backward, one bin: for each of its samples inside the map (tables as in
  * roicore_align_bin), channels i < n of the four corner pixels receive, in corner order,
  * (g[i] * w) / count, Caffe2's "grad * w / count"; img rows are C apart.  The division
@@ -178,6 +227,55 @@ ROICORE_FOR_BOTH_TYPES(ROICORE_ALIGN_BIN)
         }                                                                                      \
     }
 ROICORE_FOR_BOTH_TYPES(ROICORE_ALIGN_BIN_GRAD)
+
+/* Its whole-box form on one channel block (layout as in roicore_align_box): g holds the
+ * box's upstream gradient as (bin, L) rows, and each in-map sample adds, corner by corner
+ * and in (ph, pw, iy, ix) order, (g * w) / count to the four corner pixels; the same
+ * per-channel expressions and order as roicore_align_bin_grad.  A bin's gradient stays in
+ * 8 vector registers for all its samples. */
+#define ROICORE_ALIGN_BOX_GRAD(SUFFIX, T, VT)                                                  \
+    ROICORE_CLONES static void roicore_align_box_grad_##SUFFIX(                                \
+        T *img, int64_t W, int64_t PH, int64_t PW, int64_t gy, const int64_t *ylo,             \
+        const int64_t *yhi, const T *ylw, const T *yhw, int64_t gx, const int64_t *xlo,        \
+        const int64_t *xhi, const T *xlw, const T *xhw, const T *restrict g, T count) {        \
+        enum { LANES = sizeof(VT) / sizeof(T), L = 8 * LANES };                                \
+        typedef VT VTu __attribute__((aligned(sizeof(T))));                                    \
+        const int64_t whole = (int64_t)count;                                                  \
+        const int pow2 = (T)whole == count && whole > 0 && (whole & (whole - 1)) == 0;         \
+        const T inv = (T)1 / count;                                                            \
+        for (int64_t ph = 0; ph < PH; ++ph)                                                    \
+            for (int64_t pw = 0; pw < PW; ++pw) {                                              \
+                VT gv[8];                                                                      \
+                const VTu *gp = (const VTu *)(g + (ph * PW + pw) * L);                         \
+                for (int q = 0; q < 8; ++q) gv[q] = gp[q];                                     \
+                for (int64_t iy = ph * gy; iy < (ph + 1) * gy; ++iy) {                         \
+                    if (ylo[iy] < 0) continue;                                                 \
+                    for (int64_t ix = pw * gx; ix < (pw + 1) * gx; ++ix) {                     \
+                        if (xlo[ix] < 0) continue;                                             \
+                        T *const corner[4] = {img + (ylo[iy] * W + xlo[ix]) * L,               \
+                                              img + (ylo[iy] * W + xhi[ix]) * L,               \
+                                              img + (yhi[iy] * W + xlo[ix]) * L,               \
+                                              img + (yhi[iy] * W + xhi[ix]) * L};              \
+                        const T weight[4] = {ylw[iy] * xlw[ix], ylw[iy] * xhw[ix],             \
+                                             yhw[iy] * xlw[ix], yhw[iy] * xhw[ix]};            \
+                        for (int c = 0; c < 4; ++c) { /* corners may coincide: in turn */      \
+                            VTu *dst = (VTu *)corner[c];                                       \
+                            const T w = weight[c];                                             \
+                            __asm__("" : "+r"(dst));                                           \
+                            if (pow2) {                                                        \
+                                _Pragma("GCC unroll 8")                                        \
+                                for (int q = 0; q < 8; ++q) dst[q] = dst[q] + (gv[q] * w) * inv; \
+                            } else {                                                           \
+                                _Pragma("GCC unroll 8")                                        \
+                                for (int q = 0; q < 8; ++q) dst[q] = dst[q] + (gv[q] * w) / count; \
+                            }                                                                  \
+                        }                                                                      \
+                    }                                                                          \
+                }                                                                              \
+            }                                                                                  \
+    }
+ROICORE_ALIGN_BOX_GRAD(f32, float, roicore_v8f)
+ROICORE_ALIGN_BOX_GRAD(f64, double, roicore_v4d)
 
 /* Layout changes for the channel-vectorised kernels, all one strided 2-D transpose:
  * out[j*out_stride + i] = in[i*in_stride + j] for i < R, j < Cc.  (pixel or bin, channel)
@@ -239,6 +337,43 @@ ROICORE_FOR_BOTH_TYPES(ROICORE_ALIGN_BIN_GRAD)
 ROICORE_TRANSPOSE(f32, float, roicore_v8f, roicore_v8i)
 ROICORE_TRANSPOSE(f64, double, roicore_v8d, roicore_v8l)
 ROICORE_TRANSPOSE(i32, int32_t, roicore_v8i, roicore_v8i)
+
+/* Output write-out.  RoI outputs are far larger than the caches (200 MB for 2000 boxes x
+ * 512 channels x 7 x 7), so a kernel that stores them normally first reads every line
+ * it writes (read-for-ownership) and fills the caches with data nobody reads soon: at
+ * C = 512 that doubled the memory traffic and cost 40 % of a RoIAlign forward.  Large
+ * outputs are therefore staged per task in a small buffer and copied out with
+ * non-temporal stores (SSE2, baseline on x86-64; a plain copy elsewhere), which go
+ * straight to memory in whole lines.  roicore_stream_fence orders them before the
+ * results are handed back. */
+#if defined(__SSE2__)
+#include <emmintrin.h>
+static inline void roicore_stream_copy(void *dst, const void *src, int64_t nbytes) {
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    int64_t head = (int64_t)(-(uintptr_t)d & 15);
+    if (head > nbytes) head = nbytes;
+    memcpy(d, s, (size_t)head);
+    d += head; s += head; nbytes -= head;
+    for (; nbytes >= 64; nbytes -= 64, d += 64, s += 64) {
+        __m128i v0 = _mm_loadu_si128((const __m128i *)s), v1 = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i v2 = _mm_loadu_si128((const __m128i *)(s + 32)), v3 = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, v0);
+        _mm_stream_si128((__m128i *)(d + 16), v1);
+        _mm_stream_si128((__m128i *)(d + 32), v2);
+        _mm_stream_si128((__m128i *)(d + 48), v3);
+    }
+    for (; nbytes >= 16; nbytes -= 16, d += 16, s += 16)
+        _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+    memcpy(d, s, (size_t)nbytes);
+}
+static inline void roicore_stream_fence(void) { _mm_sfence(); }
+#else
+static inline void roicore_stream_copy(void *dst, const void *src, int64_t nbytes) {
+    memcpy(dst, src, (size_t)nbytes);
+}
+static inline void roicore_stream_fence(void) {}
+#endif
 
 /* The argmax in int64 (Paddle): a widening copy, no tiles. */
 static void roicore_transpose_i32_i64(const int32_t *restrict in, int64_t in_stride, int64_t R,
