@@ -10,6 +10,7 @@ import time
 
 from . import workloads as WL
 from ._proc import Worker, WorkerDied
+from ._worker import RUN_MIN_SECONDS
 from ._report import FRAMEWORK_ALIASES, environment, log, parse_list, table, write_json
 
 FRAMEWORKS = ("paddle", "mxnet", "openvino", "onnxruntime", "tensorflow")
@@ -451,6 +452,8 @@ def print_report(report):
               "worker's default; ROICORE_OUTPUT_CACHE_MB="
               f"{FRAMEWORK_WORKER_CACHE['ROICORE_OUTPUT_CACHE_MB']} in framework workers "
               "(outputs above that are fresh allocations for adapter and core alike)")
+    _note(f"each round times each contender's call repeated for at least "
+          f"{RUN_MIN_SECONDS:g} s (median call); slower calls run once per round")
     _note("extra MB: roicore.core's peak memory beyond its inputs and outputs, from tracemalloc "
           "during one untimed call (forward: peak - y; fwd+bwd: the larger of forward peak - y - "
           "argmax and backward peak - dx)")

@@ -408,6 +408,21 @@ def test_traced_peak_counts_scratch_not_inputs_or_older_arrays():
     assert (9 << 20) <= extra < (9 << 20) + (64 << 10), extra
 
 
+def test_a_timed_run_repeats_short_calls_and_takes_their_median():
+    from roicore.cli._worker import RUN_MIN_SECONDS, timed_run
+
+    def fake(durations):
+        calls = iter(durations)
+        return lambda: next(calls)
+
+    # a cold first call, then warm ones until RUN_MIN_SECONDS is reached
+    short = RUN_MIN_SECONDS / 10
+    durations = [5 * short] + [short] * 20
+    assert timed_run(fake(durations)) == short
+    # a call longer than RUN_MIN_SECONDS runs once (the iterator would raise on a second)
+    assert timed_run(fake([2 * RUN_MIN_SECONDS])) == 2 * RUN_MIN_SECONDS
+
+
 def test_bench_scaling_usage_errors():
     proc = roicore("bench", "--scaling", "--threads", "1")
     assert proc.returncode != 0 and "--scaling" in proc.stderr and "2" in proc.stderr
