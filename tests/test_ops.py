@@ -378,6 +378,21 @@ def test_roi_align_whole_channel_blocks_and_tail(dtype, convention):
         assert_same(dx, ref.roi_align_backward(g, boxes, batch, x.shape, *args, rules))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_psroi_pool_many_output_channels(dtype):
+    """37 output channels: the forward sums 4 vectors of channels at a time, then single
+    vectors (the small hypothesis cases only reach the latter)."""
+    x, boxes, batch = _large_case(dtype, 8, channels=37 * 4)
+    boxes[0] = [-40, -40, 500, 480]   # bins clamped at the map's edges
+    boxes[1] = [30, 30, 20, 20]       # a box with negative width
+    y = rc.psroi_pool(x, boxes, 2, 1 / 16, batch_indices=batch)
+    assert_same(y, ref.psroi_pool(x, boxes, batch, 37, 2, 1 / 16, PSROI_POOL["paddle"]))
+    g = np.random.default_rng(3).standard_normal(y.shape).astype(dtype)
+    dx = rc.psroi_pool_backward(g, boxes, x.shape, 1 / 16, batch_indices=batch)
+    assert_same(dx, ref.psroi_pool_backward(g, boxes, batch, x.shape, 2, 1 / 16,
+                                            PSROI_POOL["paddle"]))
+
+
 def test_large_outputs_have_the_same_bits_as_small_ones():
     """Outputs of 8 MiB or more are written with non-temporal stores through a staging
     buffer: a call whose output is that large must agree with calls on a few boxes."""

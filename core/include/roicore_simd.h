@@ -389,22 +389,44 @@ static void roicore_transpose_i32_i64(const int32_t *restrict in, int64_t in_str
 /* PS-RoI pooling on a (pixel, channel) image with rows of S channels: the mean of rows
  * [h0, h1) x columns [w0, w1) for channels i < n, each summed from 0 in (h, w) order and
  * divided by the integer area, as the frameworks do per channel; 0 for an empty bin. */
-#define ROICORE_REGION_MEAN(SUFFIX, T)                                                         \
+#define ROICORE_REGION_SUM(VT, VTu, NV)                                                        \
+    {                                                                                          \
+        VT acc[NV];                                                                            \
+        for (int q = 0; q < NV; ++q) acc[q] = (VT){0};                                         \
+        for (int64_t h = h0; h < h1; ++h)                                                      \
+            for (int64_t w = w0; w < w1; ++w) {                                                \
+                const VTu *r = (const VTu *)(img + (h * W + w) * S + i);                       \
+                for (int q = 0; q < NV; ++q) acc[q] = acc[q] + r[q];                           \
+            }                                                                                  \
+        for (int q = 0; q < NV; ++q) ((VTu *)(out + i))[q] = acc[q] / area;                    \
+    }
+/* The sums run in vector registers, 4 vectors of channels per pass over the region and
+ * then one at a time: a running sum in `out` made every pixel wait on the store of the
+ * previous one. */
+#define ROICORE_REGION_MEAN(SUFFIX, T, VT)                                                     \
     ROICORE_CLONES static void roicore_region_mean_##SUFFIX(const T *img, int64_t W, int64_t S, \
                                                              int64_t h0, int64_t h1, int64_t w0, \
                                                              int64_t w1, int64_t n,            \
                                                              T *restrict out) {                \
-        for (int64_t i = 0; i < n; ++i) out[i] = 0;                                            \
-        if (h1 <= h0 || w1 <= w0) return;                                                      \
-        for (int64_t h = h0; h < h1; ++h)                                                      \
-            for (int64_t w = w0; w < w1; ++w) {                                                \
-                const T *r = img + (h * W + w) * S;                                            \
-                for (int64_t i = 0; i < n; ++i) out[i] = out[i] + r[i];                        \
-            }                                                                                  \
+        enum { LANES = sizeof(VT) / sizeof(T) };                                               \
+        typedef VT VTu __attribute__((aligned(sizeof(T))));                                    \
+        if (h1 <= h0 || w1 <= w0) {                                                            \
+            for (int64_t i = 0; i < n; ++i) out[i] = 0;                                        \
+            return;                                                                            \
+        }                                                                                      \
         const T area = (T)((h1 - h0) * (w1 - w0));                                             \
-        for (int64_t i = 0; i < n; ++i) out[i] = out[i] / area;                                \
+        int64_t i = 0;                                                                         \
+        for (; i + 4 * LANES <= n; i += 4 * LANES) ROICORE_REGION_SUM(VT, VTu, 4)              \
+        for (; i + LANES <= n; i += LANES) ROICORE_REGION_SUM(VT, VTu, 1)                      \
+        for (; i < n; ++i) {                                                                   \
+            T sum = 0;                                                                         \
+            for (int64_t h = h0; h < h1; ++h)                                                  \
+                for (int64_t w = w0; w < w1; ++w) sum = sum + img[(h * W + w) * S + i];        \
+            out[i] = sum / area;                                                               \
+        }                                                                                      \
     }
-ROICORE_FOR_BOTH_TYPES(ROICORE_REGION_MEAN)
+ROICORE_REGION_MEAN(f32, float, roicore_v8f)
+ROICORE_REGION_MEAN(f64, double, roicore_v4d)
 
 /* Its adjoint: with diff[i] = g[i*gstride] / area for i < n (the upstream gradient of
  * channel i, divided by the integer area as the frameworks do) and 0 for n <= i < lanes,
