@@ -192,6 +192,23 @@ ROICORE_FOR_BOTH_TYPES(ROICORE_ALIGN_BIN)
 ROICORE_ALIGN_BOX(f32, float, roicore_v8f)
 ROICORE_ALIGN_BOX(f64, double, roicore_v4d)
 
+/* Shared by both RoIAlign backward kernels.  ROICORE_SAMPLE_CORNERS declares, for an
+ * in-map sample (iy, ix), its four corner pixels in `img` (rows of `stride` values, W
+ * pixels per image row) and their weights, in the frameworks' corner order.
+ * ROICORE_GRADIENT_SCALE declares `pow2` and `inv` for the division by `count` (see
+ * roicore_align_bin_grad). */
+#define ROICORE_SAMPLE_CORNERS(T, stride)                                                     \
+    T *const corner[4] = {img + (ylo[iy] * W + xlo[ix]) * (stride),                            \
+                          img + (ylo[iy] * W + xhi[ix]) * (stride),                            \
+                          img + (yhi[iy] * W + xlo[ix]) * (stride),                            \
+                          img + (yhi[iy] * W + xhi[ix]) * (stride)};                           \
+    const T weight[4] = {ylw[iy] * xlw[ix], ylw[iy] * xhw[ix], yhw[iy] * xlw[ix],              \
+                         yhw[iy] * xhw[ix]};
+#define ROICORE_GRADIENT_SCALE(T)                                                              \
+    const int64_t whole = (int64_t)count;                                                      \
+    const int pow2 = (T)whole == count && whole > 0 && (whole & (whole - 1)) == 0;             \
+    const T inv = (T)1 / count;
+
 /* RoIAlign backward, one bin: for each of its samples inside the map (tables as in
  * roicore_align_bin), channels i < n of the four corner pixels receive, in corner order,
  * (g[i] * w) / count, Caffe2's "grad * w / count"; img rows are C apart.  The division
@@ -202,19 +219,12 @@ ROICORE_ALIGN_BOX(f64, double, roicore_v4d)
         T *img, int64_t W, int64_t C, int64_t n, int64_t gy, const int64_t *ylo,               \
         const int64_t *yhi, const T *ylw, const T *yhw, int64_t gx, const int64_t *xlo,        \
         const int64_t *xhi, const T *xlw, const T *xhw, const T *restrict g, T count) {        \
-        const int64_t whole = (int64_t)count;                                                  \
-        const int pow2 = (T)whole == count && whole > 0 && (whole & (whole - 1)) == 0;         \
-        const T inv = (T)1 / count;                                                            \
+        ROICORE_GRADIENT_SCALE(T)                                                              \
         for (int64_t iy = 0; iy < gy; ++iy) {                                                  \
             if (ylo[iy] < 0) continue;                                                         \
             for (int64_t ix = 0; ix < gx; ++ix) {                                              \
                 if (xlo[ix] < 0) continue;                                                     \
-                T *const corner[4] = {img + (ylo[iy] * W + xlo[ix]) * C,                       \
-                                      img + (ylo[iy] * W + xhi[ix]) * C,                       \
-                                      img + (yhi[iy] * W + xlo[ix]) * C,                       \
-                                      img + (yhi[iy] * W + xhi[ix]) * C};                      \
-                const T weight[4] = {ylw[iy] * xlw[ix], ylw[iy] * xhw[ix],                     \
-                                     yhw[iy] * xlw[ix], yhw[iy] * xhw[ix]};                    \
+                ROICORE_SAMPLE_CORNERS(T, C)                                                   \
                 for (int q = 0; q < 4; ++q) {  /* corners may coincide: one at a time */       \
                     T *restrict dst = corner[q];                                               \
                     const T w = weight[q];                                                     \
@@ -240,9 +250,7 @@ ROICORE_FOR_BOTH_TYPES(ROICORE_ALIGN_BIN_GRAD)
         const int64_t *xhi, const T *xlw, const T *xhw, const T *restrict g, T count) {        \
         enum { LANES = sizeof(VT) / sizeof(T), L = 8 * LANES };                                \
         typedef VT VTu __attribute__((aligned(sizeof(T))));                                    \
-        const int64_t whole = (int64_t)count;                                                  \
-        const int pow2 = (T)whole == count && whole > 0 && (whole & (whole - 1)) == 0;         \
-        const T inv = (T)1 / count;                                                            \
+        ROICORE_GRADIENT_SCALE(T)                                                              \
         for (int64_t ph = 0; ph < PH; ++ph)                                                    \
             for (int64_t pw = 0; pw < PW; ++pw) {                                              \
                 VT gv[8];                                                                      \
@@ -252,12 +260,7 @@ ROICORE_FOR_BOTH_TYPES(ROICORE_ALIGN_BIN_GRAD)
                     if (ylo[iy] < 0) continue;                                                 \
                     for (int64_t ix = pw * gx; ix < (pw + 1) * gx; ++ix) {                     \
                         if (xlo[ix] < 0) continue;                                             \
-                        T *const corner[4] = {img + (ylo[iy] * W + xlo[ix]) * L,               \
-                                              img + (ylo[iy] * W + xhi[ix]) * L,               \
-                                              img + (yhi[iy] * W + xlo[ix]) * L,               \
-                                              img + (yhi[iy] * W + xhi[ix]) * L};              \
-                        const T weight[4] = {ylw[iy] * xlw[ix], ylw[iy] * xhw[ix],             \
-                                             yhw[iy] * xlw[ix], yhw[iy] * xhw[ix]};            \
+                        ROICORE_SAMPLE_CORNERS(T, L)                                           \
                         for (int c = 0; c < 4; ++c) { /* corners may coincide: in turn */      \
                             VTu *dst = (VTu *)corner[c];                                       \
                             const T w = weight[c];                                             \
