@@ -15,6 +15,7 @@ cache off), :func:`set_output_cache_limit` at run time, and :func:`release_outpu
 hands every idle block back.  Blocks are 64-byte aligned, which the frameworks' kernels
 may assume of memory shared through DLPack (TensorFlow aborts on less).
 """
+import math
 import operator
 import os
 import threading
@@ -87,7 +88,7 @@ class OutputCache:
         """An uninitialised C-contiguous array, 64-byte aligned; from the cache if large."""
         dtype = np.dtype(dtype)
         shape = tuple(int(s) for s in shape)
-        nbytes = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        nbytes = dtype.itemsize * math.prod(shape)
         if nbytes < MIN_BYTES or nbytes > self._limit:
             return aligned_empty(nbytes).view(dtype).reshape(shape)
         with self._lock:

@@ -171,16 +171,15 @@ def boxes_and_batch(boxes, batch_indices, n_images, dtype, name="boxes"):
         raw, batch_name = b, "batch_indices"
         coords = arr
     # Compare the values as given (before any cast can wrap them) and report them so.
-    bad = np.flatnonzero((raw < 0) | (raw >= n_images))
-    if bad.size:
-        k = int(bad[0])
+    if raw.size and (raw.min() < 0 or raw.max() >= n_images):
+        k = int(np.flatnonzero((raw < 0) | (raw >= n_images))[0])
         value = raw[k].item()
         value = int(value) if float(value).is_integer() and abs(value) < 2**63 else value
         raise ValueError(f"{batch_name}[{k}] = {value} is out of range for a feature "
                          f"map with N={n_images} images (expected 0 <= index < {n_images})")
     batch = raw.astype(np.int64)
     coords = np.ascontiguousarray(coords, dtype=dtype)
-    if not np.all(np.isfinite(coords)):
+    if not np.isfinite(coords).all():
         k, j = (int(i[0]) for i in np.nonzero(~np.isfinite(coords)))
         raise ValueError(f"{name} coordinates must be finite, got {coords[k, j]} "
                          f"in box {k}")
@@ -190,6 +189,11 @@ def boxes_and_batch(boxes, batch_indices, n_images, dtype, name="boxes"):
 def coordinate_range(coords, scale_x, scale_y, name="boxes"):
     """Reject boxes whose scaled coordinates leave +-MAX_SCALED_COORD (see above)."""
     if coords.size == 0:
+        return
+    # One reduction decides the common case (half the limit leaves room for the rounding
+    # of the product); the per-column check only runs, to find and report the culprit,
+    # when the largest coordinate might be too far.
+    if float(np.abs(coords).max()) * max(abs(scale_x), abs(scale_y)) <= MAX_SCALED_COORD / 2:
         return
     reach = np.abs(coords.astype(np.float64)) * np.array([scale_x, scale_y, scale_x, scale_y])
     if not reach.max() <= MAX_SCALED_COORD:
