@@ -33,6 +33,10 @@ cdef extern from "roicore_omp.h":
     int ROICORE_HAVE_OPENMP
     int omp_get_max_threads() noexcept nogil
     int omp_get_thread_num() noexcept nogil
+    int64_t roicore_take(int64_t* next) noexcept nogil
+    void roicore_done(int64_t* count) noexcept nogil
+    void roicore_await(int64_t* count, int64_t target) noexcept nogil
+    void roicore_leave(int64_t* left) noexcept nogil
 
 cdef extern from "roicore_simd.h":
     void roicore_max_bin_f32(const float* img, int64_t W, int64_t C, int64_t h0, int64_t h1,
@@ -81,26 +85,36 @@ cdef extern from "roicore_simd.h":
                                     const double* yhw, int64_t gx, const int64_t* xlo,
                                     const int64_t* xhi, const double* xlw, const double* xhw,
                                     const double* g, double count) noexcept nogil
+    enum:
+        ROICORE_PAD_ROWS
+        ROICORE_WIDE_ROWS
     void roicore_transpose_f32(const float* src, int64_t in_stride, int64_t R, int64_t Cc,
-                               float* dst, int64_t out_stride, int pad) noexcept nogil
+                               float* dst, int64_t out_stride, int flags) noexcept nogil
     void roicore_transpose_f64(const double* src, int64_t in_stride, int64_t R, int64_t Cc,
-                               double* dst, int64_t out_stride, int pad) noexcept nogil
+                               double* dst, int64_t out_stride, int flags) noexcept nogil
     void roicore_transpose_i32(const int32_t* src, int64_t in_stride, int64_t R, int64_t Cc,
-                               int32_t* dst, int64_t out_stride, int pad) noexcept nogil
+                               int32_t* dst, int64_t out_stride, int flags) noexcept nogil
     void roicore_stream_copy(void* dst, const void* src, int64_t nbytes) noexcept nogil
     void roicore_stream_fence() noexcept nogil
     void roicore_transpose_i32_i64(const int32_t* src, int64_t in_stride, int64_t R, int64_t Cc,
                                    int64_t* dst, int64_t out_stride) noexcept nogil
-    void roicore_region_mean_f32(const float* img, int64_t W, int64_t S, int64_t h0, int64_t h1,
-                                 int64_t w0, int64_t w1, int64_t n, float* out) noexcept nogil
-    void roicore_region_mean_f64(const double* img, int64_t W, int64_t S, int64_t h0, int64_t h1,
-                                 int64_t w0, int64_t w1, int64_t n, double* out) noexcept nogil
-    void roicore_region_add_f32(float* img, int64_t W, int64_t S, int64_t h0, int64_t h1,
-                                int64_t w0, int64_t w1, int64_t n, int64_t lanes,
-                                const float* g, int64_t gstride, float* scratch) noexcept nogil
-    void roicore_region_add_f64(double* img, int64_t W, int64_t S, int64_t h0, int64_t h1,
-                                int64_t w0, int64_t w1, int64_t n, int64_t lanes,
-                                const double* g, int64_t gstride, double* scratch) noexcept nogil
+    ctypedef struct roicore_ps_cell:
+        int64_t K, PH, PW, ph0, ph1, pw0, pw1
+        const int64_t* batch
+        const int64_t* hs
+        const int64_t* he
+        const int64_t* ws
+        const int64_t* we
+    void roicore_ps_cell_mean_f32(const roicore_ps_cell* c, const float* slab, int64_t img_size,
+                                  int64_t W, int64_t S, int64_t M, float* dst) noexcept nogil
+    void roicore_ps_cell_mean_f64(const roicore_ps_cell* c, const double* slab, int64_t img_size,
+                                  int64_t W, int64_t S, int64_t M, double* dst) noexcept nogil
+    void roicore_ps_cell_add_f32(const roicore_ps_cell* c, float* slab, int64_t img_size,
+                                 int64_t W, int64_t S, int64_t D, const float* g, int64_t gbox,
+                                 float* diff) noexcept nogil
+    void roicore_ps_cell_add_f64(const roicore_ps_cell* c, double* slab, int64_t img_size,
+                                 int64_t W, int64_t S, int64_t D, const double* g, int64_t gbox,
+                                 double* diff) noexcept nogil
 
 ctypedef fused index_t:
     int32_t
@@ -167,13 +181,15 @@ cdef inline int64_t _clamp(int64_t v, int64_t lo, int64_t hi) noexcept nogil:
 
 
 cdef inline void _unpack(const floating* src, Py_ssize_t stride, Py_ssize_t P, Py_ssize_t C,
-                         floating* dst, Py_ssize_t cstride) noexcept nogil:
+                         floating* dst, Py_ssize_t cstride, bint wide=False) noexcept nogil:
     """(pixel or bin, channel) rows `stride` apart -> channel planes `cstride` apart:
-    dst[c*cstride + p] = src[p*stride + c]."""
+    dst[c*cstride + p] = src[p*stride + c].  With `wide`, each row may be read up to
+    round_up(C, 8) values (faster channel tail)."""
+    cdef int flags = ROICORE_WIDE_ROWS if wide else 0
     if floating is float:
-        roicore_transpose_f32(src, stride, P, C, dst, cstride, 0)
+        roicore_transpose_f32(src, stride, P, C, dst, cstride, flags)
     else:
-        roicore_transpose_f64(src, stride, P, C, dst, cstride, 0)
+        roicore_transpose_f64(src, stride, P, C, dst, cstride, flags)
 
 
 cdef inline void _unpack_index(const int32_t* src, Py_ssize_t stride, Py_ssize_t P,
@@ -189,10 +205,11 @@ cdef inline void _pack(const floating* src, Py_ssize_t cstride, Py_ssize_t P, Py
     """Channel planes `cstride` apart -> (pixel or bin, channel) rows `stride` apart:
     dst[p*stride + c] = src[c*cstride + p].  With `pad`, rows get round_up(C, 8) values,
     the last channel repeated (stride must allow it)."""
+    cdef int flags = ROICORE_PAD_ROWS if pad else 0
     if floating is float:
-        roicore_transpose_f32(src, cstride, C, P, dst, stride, pad)
+        roicore_transpose_f32(src, cstride, C, P, dst, stride, flags)
     else:
-        roicore_transpose_f64(src, cstride, C, P, dst, stride, pad)
+        roicore_transpose_f64(src, cstride, C, P, dst, stride, flags)
 
 
 # ---------------------------------------------------------------------------------------
@@ -625,40 +642,60 @@ cdef class _PSPlan:
     hs/he (K, PH), columns ws/we (K, PW)), and for each group cell g the pooled cells p with
     _group_of(p) == g, rows [r0[g], r1[g]) and columns [q0[g], q1[g]) (the map is
     non-decreasing, so each is one range).  Input channel cin = (d*GH + gh)*GW + gw feeds
-    exactly the pooled cells of its group: M at most, numbered row-major in the group."""
+    exactly the pooled cells of its group: M at most, numbered row-major in the group.
+    The box tables are only allocated here; the kernel's threads fill them (_ps_fill)."""
     cdef public object hs, he, ws, we, r0, r1, q0, q1
     cdef public Py_ssize_t M
 
 
-cdef _PSPlan _ps_plan(const floating[:, ::1] boxes, floating scale, Py_ssize_t PH, Py_ssize_t PW,
-                      Py_ssize_t GH, Py_ssize_t GW, Py_ssize_t H, Py_ssize_t W, int n_threads):
-    cdef Py_ssize_t K = boxes.shape[0], k
+cdef _PSPlan _ps_plan(Py_ssize_t K, Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t GH, Py_ssize_t GW,
+                      floating witness):
     cdef _PSPlan plan = _PSPlan()
     plan.hs = np.empty((K, PH), np.int64)
     plan.he = np.empty((K, PH), np.int64)
     plan.ws = np.empty((K, PW), np.int64)
     plan.we = np.empty((K, PW), np.int64)
-    cdef int64_t[:, ::1] hs = plan.hs, he = plan.he, ws = plan.ws, we = plan.we
-    with nogil:
-        for k in prange(K, num_threads=_table_threads(K, n_threads), schedule="static"):
+    plan.r0, plan.r1 = _group_ranges(GH, PH, witness)
+    plan.q0, plan.q1 = _group_ranges(GW, PW, witness)
+    cdef Py_ssize_t[::1] r0 = plan.r0, r1 = plan.r1, q0 = plan.q0, q1 = plan.q1
+    cdef Py_ssize_t g, rows = 0, cols = 0
+    for g in range(GH):
+        rows = max(rows, r1[g] - r0[g])
+    for g in range(GW):
+        cols = max(cols, q1[g] - q0[g])
+    plan.M = rows * cols
+    return plan
+
+
+cdef inline void _ps_fill(const floating[:, ::1] boxes, floating scale, Py_ssize_t H,
+                          Py_ssize_t W, int64_t[:, ::1] hs, int64_t[:, ::1] he,
+                          int64_t[:, ::1] ws, int64_t[:, ::1] we, int64_t* next,
+                          int64_t* done) noexcept nogil:
+    """The plan's box tables, filled by every thread of the kernel's region in runs of
+    TABLE_RUN boxes, then waited for: the first thread fills most of them while the
+    others wake up (40-85 us on these VMs when OpenMP threads sleep between calls)."""
+    cdef Py_ssize_t K = boxes.shape[0], PH = hs.shape[1], PW = ws.shape[1], k, k0
+    k0 = roicore_take(next) * TABLE_RUN
+    while k0 < K:
+        for k in range(k0, min(k0 + TABLE_RUN, K)):
             _float_roi_bins(boxes[k, 1], boxes[k, 3], scale, PH, H, &hs[k, 0], &he[k, 0])
             _float_roi_bins(boxes[k, 0], boxes[k, 2], scale, PW, W, &ws[k, 0], &we[k, 0])
-    plan.r0, plan.r1 = _group_ranges(GH, PH, scale)
-    plan.q0, plan.q1 = _group_ranges(GW, PW, scale)
-    plan.M = int(max(plan.r1 - plan.r0)) * int(max(plan.q1 - plan.q0))
-    return plan
+        roicore_done(done)
+        k0 = roicore_take(next) * TABLE_RUN
+    roicore_await(done, (K + TABLE_RUN - 1) // TABLE_RUN)
 
 
 cdef _group_ranges(Py_ssize_t G, Py_ssize_t P, floating witness):
     """(first, stop): for each group cell g, the pooled cells p with _group_of(p) == g."""
-    first = np.full(G, P, np.intp)
-    stop = np.zeros(G, np.intp)
+    first_arr = np.full(G, P, np.intp)
+    stop_arr = np.zeros(G, np.intp)
+    cdef Py_ssize_t[::1] first = first_arr, stop = stop_arr
     cdef Py_ssize_t p, g
     for p in range(P):
         g = _group_of(<floating>p, G, P)
         first[g] = min(first[g], p)
         stop[g] = max(stop[g], p + 1)
-    return first, stop
+    return first_arr, stop_arr
 
 
 # Both passes run one group cell g = (gh, gw) per task.  The D input channels of a cell,
@@ -671,25 +708,71 @@ cdef _group_ranges(Py_ssize_t G, Py_ssize_t P, floating witness):
 # vectors of S lanes: the forward fills the S - D padding lanes with copies of channel
 # D - 1 and pools them too, the backward adds zeros to them; padding is never written
 # out.  Pooled values are staged as (g, K, M, S), contiguous for the task, and moved to
-# (K, D, PH, PW) afterwards, one box per task.
+# (K, D, PH, PW) afterwards in runs of consecutive boxes.  A task's bins of every box are
+# one C call (roicore_ps_cell_mean/add), and the threads share tasks through counters
+# rather than OpenMP loops, so that no thread sleeps at a barrier (roicore_omp.h).
 
-cdef inline void _region_mean(const floating* img, Py_ssize_t W, Py_ssize_t S, int64_t h0,
-                              int64_t h1, int64_t w0, int64_t w1, Py_ssize_t n,
-                              floating* out) noexcept nogil:
+cdef roicore_ps_cell _cells(_PSPlan plan, const int64_t[::1] batch):
+    """The plan's tables as C pointers (valid while the plan lives); each task sets the
+    cell's own row and column ranges (ph0, ph1, pw0, pw1)."""
+    cdef int64_t[:, ::1] hs = plan.hs, he = plan.he, ws = plan.ws, we = plan.we
+    cdef roicore_ps_cell c
+    c.K = hs.shape[0]
+    c.PH = hs.shape[1]
+    c.PW = ws.shape[1]
+    c.ph0 = c.ph1 = c.pw0 = c.pw1 = 0
+    c.batch = &batch[0]
+    c.hs = &hs[0, 0]
+    c.he = &he[0, 0]
+    c.ws = &ws[0, 0]
+    c.we = &we[0, 0]
+    return c
+
+
+cdef enum:
+    TABLE_RUN = 64   # boxes per task when PS-RoI fills its bin tables
+    UNPACK_RUN = 16  # boxes per task when PS-RoI moves its staged values out
+
+
+cdef inline void _cell_mean(roicore_ps_cell* c, const floating* slab, Py_ssize_t img_size,
+                            Py_ssize_t W, Py_ssize_t S, Py_ssize_t M,
+                            floating* dst) noexcept nogil:
     if floating is float:
-        roicore_region_mean_f32(img, W, S, h0, h1, w0, w1, n, out)
+        roicore_ps_cell_mean_f32(c, slab, img_size, W, S, M, dst)
     else:
-        roicore_region_mean_f64(img, W, S, h0, h1, w0, w1, n, out)
+        roicore_ps_cell_mean_f64(c, slab, img_size, W, S, M, dst)
 
 
-cdef inline void _region_add(floating* img, Py_ssize_t W, Py_ssize_t S, int64_t h0,
-                             int64_t h1, int64_t w0, int64_t w1, Py_ssize_t n,
-                             Py_ssize_t lanes, const floating* g, Py_ssize_t gstride,
-                             floating* scratch) noexcept nogil:
+cdef inline void _cell_add(roicore_ps_cell* c, floating* slab, Py_ssize_t img_size,
+                           Py_ssize_t W, Py_ssize_t S, Py_ssize_t D, const floating* g,
+                           Py_ssize_t gbox, floating* diff) noexcept nogil:
     if floating is float:
-        roicore_region_add_f32(img, W, S, h0, h1, w0, w1, n, lanes, g, gstride, scratch)
+        roicore_ps_cell_add_f32(c, slab, img_size, W, S, D, g, gbox, diff)
     else:
-        roicore_region_add_f64(img, W, S, h0, h1, w0, w1, n, lanes, g, gstride, scratch)
+        roicore_ps_cell_add_f64(c, slab, img_size, W, S, D, g, gbox, diff)
+
+
+cdef inline void _unstage_box(const floating* src, Py_ssize_t cell_stride, Py_ssize_t G,
+                              Py_ssize_t GW, bint by_cell, const Py_ssize_t* r0,
+                              const Py_ssize_t* r1, const Py_ssize_t* q0, const Py_ssize_t* q1,
+                              Py_ssize_t S, Py_ssize_t D, Py_ssize_t PH, Py_ssize_t PW,
+                              floating* dst) noexcept nogil:
+    """One box's pooled values: cell g's bins from src + g*cell_stride (rows of S values,
+    numbered row-major in the cell) to dst (D, PH, PW).  Pointers, not memoryviews: a
+    memoryview argument costs shared reference-count updates that both threads contend."""
+    cdef Py_ssize_t g, j, ph, pw, d
+    cdef const floating* row
+    if by_cell:  # g is the pooled cell: one transpose (S >= round_up(D, 8): wide rows)
+        _unpack(src, cell_stride, G, D, dst, G, True)
+        return
+    for g in range(G):
+        j = 0
+        for ph in range(r0[g // GW], r1[g // GW]):
+            for pw in range(q0[g % GW], q1[g % GW]):
+                row = src + g * cell_stride + j * S
+                for d in range(D):
+                    dst[(d * PH + ph) * PW + pw] = row[d]
+                j = j + 1
 
 
 def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), C_in = D*GH*GW
@@ -701,47 +784,42 @@ def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), 
     """Average of each bin, one group cell per task (see above)."""
     cdef Py_ssize_t K = boxes.shape[0], N = x.shape[0], H = x.shape[2], W = x.shape[3]
     cdef Py_ssize_t D = out.shape[1], PH = out.shape[2], PW = out.shape[3]
-    cdef Py_ssize_t G = GH * GW, HW = H * W, S = (D + 7) // 8 * 8, k, n, g, gh, gw, ph, pw, d, j
+    cdef Py_ssize_t G = GH * GW, HW = H * W, S = (D + 7) // 8 * 8, k, k0, n, g
     cdef floating* slab
-    cdef floating* dst
-    cdef const floating* src
     if K == 0 or D == 0:
         return
-    cdef _PSPlan plan = _ps_plan(boxes, <floating>spatial_scale, PH, PW, GH, GW, H, W, n_threads)
+    cdef _PSPlan plan = _ps_plan(K, PH, PW, GH, GW, <floating>0)
     cdef Py_ssize_t M = plan.M
     cdef int64_t[:, ::1] hs = plan.hs, he = plan.he, ws = plan.ws, we = plan.we
     cdef Py_ssize_t[::1] r0 = plan.r0, r1 = plan.r1, q0 = plan.q0, q1 = plan.q1
+    cdef roicore_ps_cell base = _cells(plan, batch), cell
     cdef floating[:, ::1] slab_buf = np.empty((n_threads, N * HW * S), _dtype(<floating>0))
     cdef floating[:, :, :, ::1] staged = np.empty((G, K, M, S), _dtype(<floating>0))
+    # Counters for roicore_take/done/await/leave (roicore_omp.h): no OpenMP barrier inside.
+    cdef int64_t next_box = 0, done_box = 0, next_g = 0, done_g = 0, next_k = 0, left = 0
     with nogil, parallel(num_threads=n_threads):
         slab = &slab_buf[omp_get_thread_num(), 0]
-        for g in prange(G, schedule="dynamic"):
-            gh = g // GW
-            gw = g % GW
+        _ps_fill(boxes, <floating>spatial_scale, H, W, hs, he, ws, we, &next_box, &done_box)
+        g = roicore_take(&next_g)
+        while g < G:
+            cell = base
+            cell.ph0, cell.ph1 = r0[g // GW], r1[g // GW]
+            cell.pw0, cell.pw1 = q0[g % GW], q1[g % GW]
             for n in range(N):
                 _pack(&x[n, g, 0, 0], G * HW, HW, D, slab + n * HW * S, S, True)
-            for k in range(K):
-                dst = &staged[g, k, 0, 0]
-                for ph in range(r0[gh], r1[gh]):
-                    for pw in range(q0[gw], q1[gw]):
-                        _region_mean(slab + batch[k] * HW * S, W, S, hs[k, ph], he[k, ph],
-                                     ws[k, pw], we[k, pw], S, dst)
-                        dst = dst + S
-        # the same thread team moves the staged values out (prange ends with a barrier)
-        for k in prange(K, schedule="static"):
-            if GH == PH and GW == PW:  # g is the pooled cell: one transpose per box
-                _unpack(&staged[0, k, 0, 0], K * M * S, G, D, &out[k, 0, 0, 0], G)
-                continue
-            for g in range(G):
-                gh = g // GW
-                gw = g % GW
-                j = 0
-                for ph in range(r0[gh], r1[gh]):
-                    for pw in range(q0[gw], q1[gw]):
-                        src = &staged[g, k, j, 0]
-                        for d in range(D):
-                            out[k, d, ph, pw] = src[d]
-                        j = j + 1
+            _cell_mean(&cell, slab, HW * S, W, S, M, &staged[g, 0, 0, 0])
+            roicore_done(&done_g)
+            g = roicore_take(&next_g)
+        # then the same threads move the staged values out, a box at a time
+        # in runs of consecutive boxes, whose staged rows share cache lines
+        roicore_await(&done_g, G)
+        k0 = roicore_take(&next_k) * UNPACK_RUN
+        while k0 < K:
+            for k in range(k0, min(k0 + UNPACK_RUN, K)):
+                _unstage_box(&staged[0, k, 0, 0], K * M * S, G, GW, GH == PH and GW == PW,
+                             &r0[0], &r1[0], &q0[0], &q1[0], S, D, PH, PW, &out[k, 0, 0, 0])
+            k0 = roicore_take(&next_k) * UNPACK_RUN
+        roicore_leave(&left)
 
 
 def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, PH, PW)
@@ -759,26 +837,27 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
     cdef floating* diff
     if K == 0 or D == 0:
         return
-    cdef _PSPlan plan = _ps_plan(boxes, <floating>spatial_scale, PH, PW, GH, GW, H, W, n_threads)
+    cdef _PSPlan plan = _ps_plan(K, PH, PW, GH, GW, <floating>0)
     cdef int64_t[:, ::1] hs = plan.hs, he = plan.he, ws = plan.ws, we = plan.we
     cdef Py_ssize_t[::1] r0 = plan.r0, r1 = plan.r1, q0 = plan.q0, q1 = plan.q1
+    cdef roicore_ps_cell base = _cells(plan, batch), cell
     cdef floating[:, ::1] slab_buf = np.empty((n_threads, N * HW * S + S), _dtype(<floating>0))
+    cdef int64_t next_box = 0, done_box = 0, next_g = 0, left = 0  # as in the forward
     with nogil, parallel(num_threads=n_threads):
         slab = &slab_buf[omp_get_thread_num(), 0]
         diff = slab + N * HW * S
-        for g in prange(G, schedule="dynamic"):
-            gh = g // GW
-            gw = g % GW
-            for i in range(N * HW * S):
-                slab[i] = 0
-            for k in range(K):
-                for ph in range(r0[gh], r1[gh]):
-                    for pw in range(q0[gw], q1[gw]):
-                        _region_add(slab + batch[k] * HW * S, W, S, hs[k, ph], he[k, ph],
-                                    ws[k, pw], we[k, pw], D, S, &grad_output[k, 0, ph, pw],
-                                    PH * PW, diff)
+        _ps_fill(boxes, <floating>spatial_scale, H, W, hs, he, ws, we, &next_box, &done_box)
+        g = roicore_take(&next_g)
+        while g < G:
+            cell = base
+            cell.ph0, cell.ph1 = r0[g // GW], r1[g // GW]
+            cell.pw0, cell.pw1 = q0[g % GW], q1[g % GW]
+            memset(slab, 0, N * HW * S * sizeof(floating))
+            _cell_add(&cell, slab, HW * S, W, S, D, &grad_output[0, 0, 0, 0], D * PH * PW, diff)
             for n in range(N):
                 _unpack(slab + n * HW * S, S, HW, D, &grad_input[n, g, 0, 0], G * HW)
+            g = roicore_take(&next_g)
+        roicore_leave(&left)
 
 
 # ---------------------------------------------------------------------------------------

@@ -254,6 +254,15 @@ def _thread_cases():
     yield "psroi_pool", lambda n: rc.psroi_pool(ps_x, rois, 7, 1 / 16, n_threads=n)
     yield "psroi_pool backward", lambda n: rc.psroi_pool_backward(
         np.ones((80, 2, 7, 7), np.float32), rois, ps_x.shape, 1 / 16, n_threads=n)
+    # 101 boxes: whole and partial runs of the box tables (64) and of the unstaging (16);
+    # a 3 x 3 group under a 7 x 7 output: cells of 2 or 3 pooled rows and columns
+    many = np.vstack([rois, rois[:21]])
+    ps3 = rng.standard_normal((2, 5 * 9, 19, 23))
+    g3 = rng.standard_normal((101, 5, 7, 7))
+    yield "psroi_pool group 3", lambda n: rc.psroi_pool(
+        ps3, many, 7, 1 / 16, group_size=3, convention="mxnet", n_threads=n)
+    yield "psroi_pool backward group 3", lambda n: rc.psroi_pool_backward(
+        g3, many, ps3.shape, 1 / 16, group_size=3, convention="mxnet", n_threads=n)
     for conv in ("mxnet", "paddle"):
         yield f"roi_align {conv}", lambda n, c=conv: rc.roi_align(
             x, rois, 7, 1 / 16, -1, True, convention=c, n_threads=n)
