@@ -16,10 +16,17 @@ from roicore.core import _memory
 MB = 1 << 20
 
 
+# These tests exercise the cache's mechanism on small arrays: their caches take requests
+# from 1 MB (in use the threshold is _memory.MIN_BYTES).
+SMALL = MB
+
+
 @pytest.fixture
-def cache():
-    """The process-wide cache, emptied, with its limit restored afterwards."""
+def cache(monkeypatch):
+    """The process-wide cache, emptied, taking requests from SMALL, with its limit restored
+    afterwards."""
     rc.release_output_cache()
+    monkeypatch.setattr(_memory._CACHE, "min_bytes", SMALL)
     previous = rc.set_output_cache_limit(256 * MB)
     yield
     rc.set_output_cache_limit(previous)
@@ -39,7 +46,7 @@ def _align_case(rois=64):
 def test_outputs_are_aligned_and_freed_ones_reused(cache):
     call = _align_case(rois=128)
     y = call()
-    assert y.nbytes >= _memory.MIN_BYTES and y.flags.c_contiguous and y.flags.writeable
+    assert y.nbytes >= SMALL and y.flags.c_contiguous and y.flags.writeable
     assert y.ctypes.data % 64 == 0
     want, address = y.copy(), y.ctypes.data
     del y
@@ -50,6 +57,19 @@ def test_outputs_are_aligned_and_freed_ones_reused(cache):
     np.testing.assert_array_equal(y, want)
     small = rc.roi_align(np.ones((1, 1, 4, 4), np.float32), np.array([[0, 0, 0, 3, 3]], np.float32), 2)
     assert small.ctypes.data % 64 == 0  # small outputs skip the cache but are aligned too
+
+
+def test_outputs_below_the_threshold_skip_the_cache():
+    """In use only outputs of MIN_BYTES or more are cached: smaller ones come back from
+    malloc's own heap."""
+    rc.release_output_cache()
+    before = rc.output_cache_stats()
+    y = _align_case(rois=128)()
+    assert SMALL <= y.nbytes < _memory.MIN_BYTES and y.ctypes.data % 64 == 0
+    del y
+    after = rc.output_cache_stats()
+    assert after["idle_blocks"] == 0
+    assert (after["hits"], after["misses"]) == (before["hits"], before["misses"])
 
 
 def test_a_live_view_keeps_its_memory(cache):
@@ -107,7 +127,7 @@ def test_limit_zero_turns_the_cache_off(cache):
 
 
 def test_idle_blocks_stay_under_the_limit_oldest_evicted():
-    c = _memory.OutputCache(5 * MB)
+    c = _memory.OutputCache(5 * MB, SMALL)
     a, b, d = (c.empty((n * MB,), np.uint8) for n in (2, 2, 2))
     first = a.ctypes.data
     del a, b
@@ -124,7 +144,7 @@ def test_idle_blocks_stay_under_the_limit_oldest_evicted():
 
 
 def test_a_block_serves_requests_a_little_smaller_than_itself():
-    c = _memory.OutputCache(64 * MB)
+    c = _memory.OutputCache(64 * MB, SMALL)
     a = c.empty((1000, MB // 100), np.uint8)
     address = a.ctypes.data
     del a
@@ -153,7 +173,7 @@ def test_limit_and_environment_are_validated(monkeypatch):
 
 
 def test_threads_never_share_a_live_block():
-    c = _memory.OutputCache(32 * MB)
+    c = _memory.OutputCache(32 * MB, SMALL)
     errors = []
 
     def work(tag):
@@ -185,7 +205,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     def __init__(self):
         super().__init__()
-        self.cache = _memory.OutputCache(8 * MB)
+        self.cache = _memory.OutputCache(8 * MB, SMALL)
         self.live = []  # (array, fill value)
         self.counter = 0
 
