@@ -288,7 +288,15 @@ def _timer(fn, sync=None):
 
 
 class BenchRunner:
-    """``contenders(w)`` -> {(direction, kind): callable} for workload data ``w``."""
+    """``contenders(w)`` -> {(direction, kind): callable} for workload data ``w``.
+
+    Kinds: "native" (the framework's own op), "adapter" (roicore's adapter), "core"
+    (roicore.core in this process, see in_process_core) and, for fwd+bwd, "autograd": a
+    null op of the adapter's shapes (its forward returns a ready output tensor, its
+    backward a ready input gradient) recorded and differentiated exactly as the adapter
+    is.  Its time is what the framework's autograd costs around any op of these shapes
+    (Paddle copies the 200 MB upstream gradient into fresh memory, for instance), which the
+    adapter-overhead table shows beside, and net of, the adapter's time."""
     name = "?"
 
     def contenders(self, w):
@@ -473,6 +481,24 @@ class PaddleBench(BenchRunner):
                 return xg.grad
             out[("forward", kind)] = _timer(fwd)
             out[("fwd+bwd", kind)] = _timer(fb)
+        y_pre, dx_pre = dy, x  # ready tensors of the output's and the input's shapes
+
+        class Null(P.autograd.PyLayer):
+            @staticmethod
+            def forward(ctx, v):
+                return y_pre.detach()
+
+            @staticmethod
+            def backward(ctx, g):
+                return dx_pre.detach()
+
+        def fb_autograd():
+            xg = x.detach()
+            xg.stop_gradient = False
+            y = Null.apply(xg)
+            y.backward(dy)
+            return xg.grad
+        out[("fwd+bwd", "autograd")] = _timer(fb_autograd)
         out.update(self.in_process_core(w))
         return out
 
@@ -509,6 +535,16 @@ class MXNetBench(BenchRunner):
                                             pooled_size=P, group_size=P)
         native = getattr(mx.nd, name) if name == "ROIPooling" else getattr(mx.nd.contrib, name)
         out = {}
+
+        def fresh_leaf():
+            """A copy of x to differentiate, finished: MXNet's copy is asynchronous, and
+            an op that reads x would wait for it inside its timing while the null
+            "autograd" op, which never reads x, would not."""
+            xg = x.copy()
+            xg.attach_grad()
+            xg.wait_to_read()
+            return xg
+
         for kind, fn, extra in (("native", native, {}),
                                 ("adapter", getattr(self.A, name), {"n_threads": self.n})):
             def fwd(fn=fn, extra=extra):
@@ -516,14 +552,30 @@ class MXNetBench(BenchRunner):
                 y.wait_to_read()
 
             def fb(fn=fn, extra=extra):
-                xg = x.copy()
-                xg.attach_grad()
+                xg = fresh_leaf()
                 with mx.autograd.record():
                     y = fn(xg, rois, **kw, **extra)
                 y.backward(dy)
                 xg.grad.wait_to_read()
             out[("forward", kind)] = _timer(fwd)
             out[("fwd+bwd", kind)] = _timer(fb)
+        # ready arrays of the output's and the input's shapes (views: no more memory)
+        y_pre, dx_pre = dy.reshape(dy.shape), x.reshape(x.shape)
+
+        class Null(mx.autograd.Function):
+            def forward(self, v, r):
+                return y_pre
+
+            def backward(self, g):
+                return dx_pre, mx.nd.zeros_like(rois)
+
+        def fb_autograd():
+            xg = fresh_leaf()
+            with mx.autograd.record():
+                y = Null()(xg, rois)
+            y.backward(dy)
+            xg.grad.wait_to_read()
+        out[("fwd+bwd", "autograd")] = _timer(fb_autograd)
         out.update(self.in_process_core(w))
         return out
 
@@ -599,6 +651,18 @@ class TFBench(BenchRunner):
             return tape.gradient(y, x_nchw, output_gradients=dy_nchw)
         out[("forward", "adapter")] = _timer(fwd)
         out[("fwd+bwd", "adapter")] = _timer(fb)
+        y_pre, dx_pre = dy_nchw, x_nchw  # ready tensors of the output's and the input's shapes
+
+        @tf.custom_gradient
+        def null(v):
+            return tf.identity(y_pre), lambda g: dx_pre
+
+        def fb_autograd():
+            with tf.GradientTape() as tape:
+                tape.watch(x_nchw)
+                y = null(x_nchw)
+            return tape.gradient(y, x_nchw, output_gradients=dy_nchw)
+        out[("fwd+bwd", "autograd")] = _timer(fb_autograd)
         out.update(self.in_process_core(w))
         return out
 

@@ -146,8 +146,10 @@ def add_ratios(rows):
     worker.  ``overhead`` on adapter rows: adapter / roicore.core timed in the adapter's own
     worker (same process, same rounds; its median also goes in as ``core_ms``), so that
     the two processes' different memory states do not enter the ratio."""
-    core = {(r["framework"], r["workload"], r["operator"], r["direction"]): r["median_ms"]
-            for r in rows if r["kind"] == "core"}
+    def by_kind(kind):
+        return {(r["framework"], r["workload"], r["operator"], r["direction"]): r["median_ms"]
+                for r in rows if r["kind"] == kind}
+    core, autograd = by_kind("core"), by_kind("autograd")
     for r in rows:
         key = (r["workload"], r["operator"], r["direction"])
         if r["kind"] == "native" and core.get(("roicore",) + key):
@@ -155,6 +157,10 @@ def add_ratios(rows):
         elif r["kind"] == "adapter" and core.get((r["framework"],) + key):
             r["core_ms"] = core[(r["framework"],) + key]
             r["overhead"] = r["median_ms"] / r["core_ms"]
+            if (r["framework"],) + key in autograd:
+                # the framework's own autograd cost for these shapes (see _worker.BenchRunner)
+                r["autograd_ms"] = autograd[(r["framework"],) + key]
+                r["net_overhead"] = (r["median_ms"] - r["autograd_ms"]) / r["core_ms"]
 
 
 # roicore.core's output cache in the framework workers (which time the adapters against the
@@ -420,14 +426,18 @@ def print_report(report):
     if adapters:
         print()
         print("adapter overhead: adapter time / roicore.core time in the adapter's process; "
-              "adapter ms / core ms in brackets")
+              "adapter ms / core ms in brackets; fwd+bwd also net of the framework's own "
+              "autograd cost (ms after 'autograd')")
         rows = []
         for (wl, op, d), got in by.items():
             row = [wl, op, d]
             for n in adapters:
                 r = got.get((n, "adapter"))
-                row.append(f"{r['overhead']:.2f} ({_fmt_ms(r['median_ms'])} / "
-                           f"{_fmt_ms(r['core_ms'])})" if r and "overhead" in r else "-")
+                cell = (f"{r['overhead']:.2f} ({_fmt_ms(r['median_ms'])} / "
+                        f"{_fmt_ms(r['core_ms'])})" if r and "overhead" in r else "-")
+                if r and "net_overhead" in r:
+                    cell += f", net {r['net_overhead']:.2f} (autograd {_fmt_ms(r['autograd_ms'])})"
+                row.append(cell)
             rows.append(row)
         print(table(["workload", "op", "direction"] + adapters, rows, "lll" + "r" * len(adapters)))
     print()
@@ -451,7 +461,12 @@ def print_report(report):
               "above comes from the separate roicore worker.  Output cache: the roicore "
               "worker's default; ROICORE_OUTPUT_CACHE_MB="
               f"{FRAMEWORK_WORKER_CACHE['ROICORE_OUTPUT_CACHE_MB']} in framework workers "
-              "(outputs above that are fresh allocations for adapter and core alike)")
+              "(outputs above that are fresh allocations for adapter and core alike).  net = "
+              "(adapter - autograd) / core, where autograd is a null op of the adapter's "
+              "shapes (forward returns a ready output, backward a ready input gradient) "
+              "recorded and differentiated as the adapter is: what the framework spends "
+              "around any op of these shapes, native ones included (Paddle, for one, copies "
+              "the upstream gradient into fresh memory)")
     _note(f"each round times each contender's call repeated for at least "
           f"{RUN_MIN_SECONDS:g} s (median call); slower calls run once per round")
     _note("extra MB: roicore.core's peak memory beyond its inputs and outputs, from tracemalloc "

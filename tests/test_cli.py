@@ -198,6 +198,11 @@ def test_bench_quick(tmp_path):
                 assert len(c["times_ms"]) == len(a["times_ms"]) == report["repeats"]
                 assert a["core_ms"] == c["median_ms"] > 0, (a, c)
                 assert a["overhead"] == pytest.approx(a["median_ms"] / c["median_ms"])
+            # fwd+bwd also net of the framework's own autograd cost (a null op's time)
+            a, n = rows[(wl, op, "fwd+bwd", fw, "adapter")], rows[(wl, op, "fwd+bwd", fw, "autograd")]
+            assert len(n["times_ms"]) == report["repeats"] and a["autograd_ms"] == n["median_ms"] > 0
+            assert a["net_overhead"] == pytest.approx((a["median_ms"] - n["median_ms"]) / a["core_ms"])
+            assert "net_overhead" not in rows[(wl, op, "forward", fw, "adapter")]
     assert all("core_ms" not in r and "overhead" not in r for r in report["results"]
                if r["kind"] != "adapter")
     if adapter_fws:
@@ -222,7 +227,12 @@ def test_adapter_overhead_uses_the_in_process_core():
             row("paddle", "adapter", 3.0), row("paddle", "core", 2.5),
             row("mxnet", "adapter", 4.0),                       # no in-process core: no ratio
             row("mxnet", "native", 5.0, "roi_align"), row("mxnet", "core", 1.0, "roi_align")]
-    bench.add_ratios(rows)
+    fb = [dict(r, direction="fwd+bwd") for r in (row("paddle", "adapter", 9.0),
+                                                row("paddle", "core", 4.0),
+                                                row("paddle", "autograd", 4.5))]
+    bench.add_ratios(rows + fb)
+    assert fb[0]["overhead"] == pytest.approx(9.0 / 4.0)
+    assert fb[0]["autograd_ms"] == 4.5 and fb[0]["net_overhead"] == pytest.approx((9.0 - 4.5) / 4.0)
     paddle_adapter, mxnet_adapter, mxnet_native = rows[2], rows[4], rows[5]
     assert rows[1]["ratio"] == pytest.approx(8.0 / 2.0)        # native: the roicore worker's core
     assert paddle_adapter["core_ms"] == 2.5
