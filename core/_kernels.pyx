@@ -136,6 +136,10 @@ cdef enum:
 cdef enum:
     STREAM_BYTES = 8 << 20
 
+# The max-pool backward scatters into this many bytes of gradient planes at a time.
+cdef enum:
+    SCATTER_BYTES = 256 << 10
+
 # RoIAlign sampler.
 cdef enum:
     SAMPLER_CAFFE2 = 0
@@ -453,11 +457,15 @@ def roi_pool_max_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C
     data as the gradient itself).  Each thread owns a contiguous block of channels and
     walks the boxes in order, reading each box's block of (channel, bin) gradients and
     indices as one contiguous run; per channel the additions keep the frameworks' (box,
-    ph, pw) order, so no atomics are needed and every thread count gives the same bits."""
+    ph, pw) order, so no atomics are needed and every thread count gives the same bits.
+    The block is walked SCATTER_BYTES of gradient planes at a time (all boxes for each
+    part): the scattered additions then stay in L2 rather than going to L3 (a thread's
+    512 planes of 64 x 64 at c4_14x14 are 8 MB)."""
     cdef Py_ssize_t K = grad_output.shape[0], C = grad_output.shape[1]
     cdef Py_ssize_t P = grad_output.shape[2] * grad_output.shape[3]
     cdef Py_ssize_t HW = grad_input.shape[2] * grad_input.shape[3]
-    cdef Py_ssize_t blk, c0, c1, c, k, p
+    cdef Py_ssize_t blk, c0, c1, cs, ce, c, k, p
+    cdef Py_ssize_t part = max(1, SCATTER_BYTES // (HW * <Py_ssize_t>sizeof(floating)))
     cdef int n_blocks = <int>min(n_threads, C)
     cdef int64_t lo, v, n_bad = 0
     cdef floating* plane
@@ -469,18 +477,22 @@ def roi_pool_max_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C
         for blk in prange(n_blocks, num_threads=n_threads, schedule="static"):
             c0 = blk * C // n_blocks
             c1 = (blk + 1) * C // n_blocks
-            for k in range(K):
-                for c in range(c0, c1):
-                    plane = &grad_input[batch[k], c, 0, 0]
-                    lo = (batch[k] * C + c) * HW if global_index else 0
-                    g = &grad_output[k, c, 0, 0]
-                    a = &argmax[k, c, 0, 0]
-                    for p in range(P):
-                        v = a[p] - lo
-                        if 0 <= v < HW:
-                            plane[v] += g[p]
-                        elif a[p] != -1:
-                            n_bad += 1
+            cs = c0
+            while cs < c1:
+                ce = min(cs + part, c1)
+                for k in range(K):
+                    for c in range(cs, ce):
+                        plane = &grad_input[batch[k], c, 0, 0]
+                        lo = (batch[k] * C + c) * HW if global_index else 0
+                        g = &grad_output[k, c, 0, 0]
+                        a = &argmax[k, c, 0, 0]
+                        for p in range(P):
+                            v = a[p] - lo
+                            if 0 <= v < HW:
+                                plane[v] += g[p]
+                            elif a[p] != -1:
+                                n_bad += 1
+                cs = ce
     return n_bad
 
 

@@ -388,6 +388,29 @@ def test_roi_align_whole_channel_blocks_and_tail(dtype, convention):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("convention", sorted(MAX_POOL))
+def test_roi_pool_backward_in_several_passes_over_the_boxes(dtype, convention):
+    """64 x 64 planes: the backward scatters into 256 KB of gradient planes per pass over
+    the boxes (16 float32 or 8 float64 channels), so a thread's 37 or so channels take
+    several passes, each in the serial order.  Boxes overlap heavily: many additions land
+    on the same pixels, whose order shows in the bits."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((2, 37, 64, 64)).astype(dtype)
+    xy = rng.uniform(0, 300, (30, 2))
+    boxes = np.hstack([xy, xy + rng.uniform(50, 700, (30, 2))]).astype(dtype)
+    batch = rng.integers(0, 2, 30)
+    rules = MAX_POOL[convention]
+    y, am = rc.roi_pool(x, boxes, 7, 1 / 16, batch_indices=batch, convention=convention,
+                        return_argmax=True)
+    g = rng.standard_normal(y.shape).astype(dtype)
+    want = ref.roi_pool_max_backward(g, am, batch, x.shape, rules)
+    for n in (1, 2, 3):
+        dx = rc.roi_pool_backward(g, boxes, x.shape, 1 / 16, batch_indices=batch, argmax=am,
+                                  convention=convention, n_threads=n)
+        assert_same(dx, want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_psroi_pool_many_output_channels(dtype):
     """37 output channels: the forward sums 4 vectors of channels at a time, then single
     vectors (the small hypothesis cases only reach the latter)."""
