@@ -838,9 +838,11 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
                         const floating[:, ::1] boxes,              # IN  (K, 4)
                         const int64_t[::1] batch,                  # IN  (K,)
                         double spatial_scale, Py_ssize_t GH, Py_ssize_t GW,
-                        floating[:, :, :, ::1] grad_input,         # OUT (N, C_in, H, W), zeroed
+                        floating[:, :, :, ::1] grad_input,         # OUT (N, C_in, H, W)
                         int n_threads):
-    """The adjoint, one group cell per task, accumulating in the task's slab."""
+    """The adjoint, one group cell per task, accumulating in the task's zeroed slab.  With
+    K > 0 and D > 0 every element of grad_input is written (each task unpacks its whole
+    slab to its D channels of every image); with none it is left as it is."""
     cdef Py_ssize_t K = grad_output.shape[0], D = grad_output.shape[1]
     cdef Py_ssize_t PH = grad_output.shape[2], PW = grad_output.shape[3]
     cdef Py_ssize_t N = grad_input.shape[0], H = grad_input.shape[2], W = grad_input.shape[3]
