@@ -98,23 +98,29 @@ cdef extern from "roicore_simd.h":
     void roicore_stream_fence() noexcept nogil
     void roicore_transpose_i32_i64(const int32_t* src, int64_t in_stride, int64_t R, int64_t Cc,
                                    int64_t* dst, int64_t out_stride) noexcept nogil
-    ctypedef struct roicore_ps_cell:
-        int64_t K, PH, PW, ph0, ph1, pw0, pw1
+    ctypedef struct roicore_ps_plan:
+        int64_t K, PH, PW, GW
         const int64_t* batch
         const int64_t* hs
         const int64_t* he
         const int64_t* ws
         const int64_t* we
-    void roicore_ps_cell_mean_f32(const roicore_ps_cell* c, const float* slab, int64_t img_size,
-                                  int64_t W, int64_t S, int64_t M, float* dst) noexcept nogil
-    void roicore_ps_cell_mean_f64(const roicore_ps_cell* c, const double* slab, int64_t img_size,
-                                  int64_t W, int64_t S, int64_t M, double* dst) noexcept nogil
-    void roicore_ps_cell_add_f32(const roicore_ps_cell* c, float* slab, int64_t img_size,
-                                 int64_t W, int64_t S, int64_t D, const float* g, int64_t gbox,
-                                 float* diff) noexcept nogil
-    void roicore_ps_cell_add_f64(const roicore_ps_cell* c, double* slab, int64_t img_size,
-                                 int64_t W, int64_t S, int64_t D, const double* g, int64_t gbox,
-                                 double* diff) noexcept nogil
+        const int64_t* r0
+        const int64_t* r1
+        const int64_t* q0
+        const int64_t* q1
+    void roicore_ps_cell_mean_f32(const roicore_ps_plan* c, int64_t cell, const float* slab,
+                                  int64_t img_size, int64_t W, int64_t S, int64_t M,
+                                  float* dst) noexcept nogil
+    void roicore_ps_cell_mean_f64(const roicore_ps_plan* c, int64_t cell, const double* slab,
+                                  int64_t img_size, int64_t W, int64_t S, int64_t M,
+                                  double* dst) noexcept nogil
+    void roicore_ps_cell_add_f32(const roicore_ps_plan* c, int64_t cell, float* slab,
+                                 int64_t img_size, int64_t W, int64_t S, int64_t D,
+                                 const float* g, int64_t gbox, float* diff) noexcept nogil
+    void roicore_ps_cell_add_f64(const roicore_ps_plan* c, int64_t cell, double* slab,
+                                 int64_t img_size, int64_t W, int64_t S, int64_t D,
+                                 const double* g, int64_t gbox, double* diff) noexcept nogil
 
 ctypedef fused index_t:
     int32_t
@@ -669,7 +675,7 @@ cdef _PSPlan _ps_plan(Py_ssize_t K, Py_ssize_t PH, Py_ssize_t PW, Py_ssize_t GH,
     plan.we = np.empty((K, PW), np.int64)
     plan.r0, plan.r1 = _group_ranges(GH, PH, witness)
     plan.q0, plan.q1 = _group_ranges(GW, PW, witness)
-    cdef Py_ssize_t[::1] r0 = plan.r0, r1 = plan.r1, q0 = plan.q0, q1 = plan.q1
+    cdef int64_t[::1] r0 = plan.r0, r1 = plan.r1, q0 = plan.q0, q1 = plan.q1
     cdef Py_ssize_t g, rows = 0, cols = 0
     for g in range(GH):
         rows = max(rows, r1[g] - r0[g])
@@ -699,9 +705,9 @@ cdef inline void _ps_fill(const floating[:, ::1] boxes, floating scale, Py_ssize
 
 cdef _group_ranges(Py_ssize_t G, Py_ssize_t P, floating witness):
     """(first, stop): for each group cell g, the pooled cells p with _group_of(p) == g."""
-    first_arr = np.full(G, P, np.intp)
-    stop_arr = np.zeros(G, np.intp)
-    cdef Py_ssize_t[::1] first = first_arr, stop = stop_arr
+    first_arr = np.full(G, P, np.int64)
+    stop_arr = np.zeros(G, np.int64)
+    cdef int64_t[::1] first = first_arr, stop = stop_arr
     cdef Py_ssize_t p, g
     for p in range(P):
         g = _group_of(<floating>p, G, P)
@@ -724,20 +730,24 @@ cdef _group_ranges(Py_ssize_t G, Py_ssize_t P, floating witness):
 # one C call (roicore_ps_cell_mean/add), and the threads share tasks through counters
 # rather than OpenMP loops, so that no thread sleeps at a barrier (roicore_omp.h).
 
-cdef roicore_ps_cell _cells(_PSPlan plan, const int64_t[::1] batch):
-    """The plan's tables as C pointers (valid while the plan lives); each task sets the
-    cell's own row and column ranges (ph0, ph1, pw0, pw1)."""
+cdef roicore_ps_plan _plan_view(_PSPlan plan, const int64_t[::1] batch):
+    """The plan as C pointers (valid while the plan lives), for roicore_ps_cell_mean/add."""
     cdef int64_t[:, ::1] hs = plan.hs, he = plan.he, ws = plan.ws, we = plan.we
-    cdef roicore_ps_cell c
+    cdef int64_t[::1] r0 = plan.r0, r1 = plan.r1, q0 = plan.q0, q1 = plan.q1
+    cdef roicore_ps_plan c
     c.K = hs.shape[0]
     c.PH = hs.shape[1]
     c.PW = ws.shape[1]
-    c.ph0 = c.ph1 = c.pw0 = c.pw1 = 0
+    c.GW = q0.shape[0]
     c.batch = &batch[0]
     c.hs = &hs[0, 0]
     c.he = &he[0, 0]
     c.ws = &ws[0, 0]
     c.we = &we[0, 0]
+    c.r0 = &r0[0]
+    c.r1 = &r1[0]
+    c.q0 = &q0[0]
+    c.q1 = &q1[0]
     return c
 
 
@@ -746,27 +756,27 @@ cdef enum:
     UNPACK_RUN = 16  # boxes per task when PS-RoI moves its staged values out
 
 
-cdef inline void _cell_mean(roicore_ps_cell* c, const floating* slab, Py_ssize_t img_size,
-                            Py_ssize_t W, Py_ssize_t S, Py_ssize_t M,
+cdef inline void _cell_mean(const roicore_ps_plan* c, Py_ssize_t cell, const floating* slab,
+                            Py_ssize_t img_size, Py_ssize_t W, Py_ssize_t S, Py_ssize_t M,
                             floating* dst) noexcept nogil:
     if floating is float:
-        roicore_ps_cell_mean_f32(c, slab, img_size, W, S, M, dst)
+        roicore_ps_cell_mean_f32(c, cell, slab, img_size, W, S, M, dst)
     else:
-        roicore_ps_cell_mean_f64(c, slab, img_size, W, S, M, dst)
+        roicore_ps_cell_mean_f64(c, cell, slab, img_size, W, S, M, dst)
 
 
-cdef inline void _cell_add(roicore_ps_cell* c, floating* slab, Py_ssize_t img_size,
-                           Py_ssize_t W, Py_ssize_t S, Py_ssize_t D, const floating* g,
-                           Py_ssize_t gbox, floating* diff) noexcept nogil:
+cdef inline void _cell_add(const roicore_ps_plan* c, Py_ssize_t cell, floating* slab,
+                           Py_ssize_t img_size, Py_ssize_t W, Py_ssize_t S, Py_ssize_t D,
+                           const floating* g, Py_ssize_t gbox, floating* diff) noexcept nogil:
     if floating is float:
-        roicore_ps_cell_add_f32(c, slab, img_size, W, S, D, g, gbox, diff)
+        roicore_ps_cell_add_f32(c, cell, slab, img_size, W, S, D, g, gbox, diff)
     else:
-        roicore_ps_cell_add_f64(c, slab, img_size, W, S, D, g, gbox, diff)
+        roicore_ps_cell_add_f64(c, cell, slab, img_size, W, S, D, g, gbox, diff)
 
 
 cdef inline void _unstage_box(const floating* src, Py_ssize_t cell_stride, Py_ssize_t G,
-                              Py_ssize_t GW, bint by_cell, const Py_ssize_t* r0,
-                              const Py_ssize_t* r1, const Py_ssize_t* q0, const Py_ssize_t* q1,
+                              Py_ssize_t GW, bint by_cell, const int64_t* r0,
+                              const int64_t* r1, const int64_t* q0, const int64_t* q1,
                               Py_ssize_t S, Py_ssize_t D, Py_ssize_t PH, Py_ssize_t PW,
                               floating* dst) noexcept nogil:
     """One box's pooled values: cell g's bins from src + g*cell_stride (rows of S values,
@@ -803,8 +813,8 @@ def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), 
     cdef _PSPlan plan = _ps_plan(K, PH, PW, GH, GW, <floating>0)
     cdef Py_ssize_t M = plan.M
     cdef int64_t[:, ::1] hs = plan.hs, he = plan.he, ws = plan.ws, we = plan.we
-    cdef Py_ssize_t[::1] r0 = plan.r0, r1 = plan.r1, q0 = plan.q0, q1 = plan.q1
-    cdef roicore_ps_cell base = _cells(plan, batch), cell
+    cdef int64_t[::1] r0 = plan.r0, r1 = plan.r1, q0 = plan.q0, q1 = plan.q1
+    cdef roicore_ps_plan view = _plan_view(plan, batch)
     cdef floating[:, ::1] slab_buf = np.empty((n_threads, N * HW * S), _dtype(<floating>0))
     cdef floating[:, :, :, ::1] staged = np.empty((G, K, M, S), _dtype(<floating>0))
     # Counters for roicore_take/done/await/leave (roicore_omp.h): no OpenMP barrier inside.
@@ -814,12 +824,9 @@ def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), 
         _ps_fill(boxes, <floating>spatial_scale, H, W, hs, he, ws, we, &next_box, &done_box)
         g = roicore_take(&next_g)
         while g < G:
-            cell = base
-            cell.ph0, cell.ph1 = r0[g // GW], r1[g // GW]
-            cell.pw0, cell.pw1 = q0[g % GW], q1[g % GW]
             for n in range(N):
                 _pack(&x[n, g, 0, 0], G * HW, HW, D, slab + n * HW * S, S, True)
-            _cell_mean(&cell, slab, HW * S, W, S, M, &staged[g, 0, 0, 0])
+            _cell_mean(&view, g, slab, HW * S, W, S, M, &staged[g, 0, 0, 0])
             roicore_done(&done_g)
             g = roicore_take(&next_g)
         # then the same threads move the staged values out, a box at a time
@@ -853,8 +860,7 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
         return
     cdef _PSPlan plan = _ps_plan(K, PH, PW, GH, GW, <floating>0)
     cdef int64_t[:, ::1] hs = plan.hs, he = plan.he, ws = plan.ws, we = plan.we
-    cdef Py_ssize_t[::1] r0 = plan.r0, r1 = plan.r1, q0 = plan.q0, q1 = plan.q1
-    cdef roicore_ps_cell base = _cells(plan, batch), cell
+    cdef roicore_ps_plan view = _plan_view(plan, batch)
     cdef floating[:, ::1] slab_buf = np.empty((n_threads, N * HW * S + S), _dtype(<floating>0))
     cdef int64_t next_box = 0, done_box = 0, next_g = 0, left = 0  # as in the forward
     with nogil, parallel(num_threads=n_threads):
@@ -863,11 +869,8 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
         _ps_fill(boxes, <floating>spatial_scale, H, W, hs, he, ws, we, &next_box, &done_box)
         g = roicore_take(&next_g)
         while g < G:
-            cell = base
-            cell.ph0, cell.ph1 = r0[g // GW], r1[g // GW]
-            cell.pw0, cell.pw1 = q0[g % GW], q1[g % GW]
             memset(slab, 0, N * HW * S * sizeof(floating))
-            _cell_add(&cell, slab, HW * S, W, S, D, &grad_output[0, 0, 0, 0], D * PH * PW, diff)
+            _cell_add(&view, g, slab, HW * S, W, S, D, &grad_output[0, 0, 0, 0], D * PH * PW, diff)
             for n in range(N):
                 _unpack(slab + n * HW * S, S, HW, D, &grad_input[n, g, 0, 0], G * HW)
             g = roicore_take(&next_g)

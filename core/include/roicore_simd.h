@@ -488,51 +488,53 @@ ROICORE_REGION_MEAN(f64, double, roicore_v4d)
     }
 ROICORE_FOR_BOTH_TYPES(ROICORE_REGION_ADD)
 
-/* One group cell's work over every box, in C: the bins of box k whose group is this cell
- * are rows [ph0, ph1) x columns [pw0, pw1) of its tables hs/he (K, PH) and ws/we (K, PW),
- * and they read (or add to) the slab of image batch[k], `img_size` values apart.  A
- * Cython loop calling the per-bin functions through their clone dispatch cost 100 us of
- * a 0.9 ms R-FCN forward (300 boxes x 49 cells) in loop bookkeeping alone.  The forward
- * writes box k's means (S values per bin, bins row-major) from dst + k*M*S; the backward
- * reads box k's gradient from g + k*gbox + ph*PW + pw, channels gstride apart. */
+/* One group cell's work over every box, in C.  The plan holds each box's bin edges,
+ * hs/he (K, PH) and ws/we (K, PW), and for group cell g = gh * GW + gw its pooled rows
+ * [r0[gh], r1[gh]) and columns [q0[gw], q1[gw]).  Box k's bins read (or add to) the slab
+ * of image batch[k], `img_size` values apart.  A Cython loop calling the per-bin functions
+ * through their clone dispatch cost 100 us of a 0.9 ms R-FCN forward (300 boxes x 49
+ * cells) in loop bookkeeping alone.  The forward writes box k's means (S values per bin,
+ * bins row-major in the cell) from dst + k*M*S; the backward reads box k's gradient from
+ * g + k*gbox + ph*PW + pw, channels PH*PW apart. */
 typedef struct {
-    int64_t K, PH, PW, ph0, ph1, pw0, pw1;
-    const int64_t *batch, *hs, *he, *ws, *we;
-} roicore_ps_cell;
+    int64_t K, PH, PW, GW;
+    const int64_t *batch, *hs, *he, *ws, *we, *r0, *r1, *q0, *q1;
+} roicore_ps_plan;
+
+#define ROICORE_PS_CELL_LOOP(BODY)                                                             \
+    const int64_t ph0 = c->r0[cell / c->GW], ph1 = c->r1[cell / c->GW];                        \
+    const int64_t pw0 = c->q0[cell % c->GW], pw1 = c->q1[cell % c->GW];                        \
+    for (int64_t k = 0; k < c->K; ++k)                                                         \
+        for (int64_t ph = ph0; ph < ph1; ++ph)                                                 \
+            for (int64_t pw = pw0; pw < pw1; ++pw) {                                           \
+                const int64_t h0 = c->hs[k * c->PH + ph], h1 = c->he[k * c->PH + ph];          \
+                const int64_t w0 = c->ws[k * c->PW + pw], w1 = c->we[k * c->PW + pw];          \
+                BODY                                                                           \
+            }
 
 #define ROICORE_PS_CELL_MEAN(SUFFIX, T)                                                        \
-    ROICORE_CLONES static void roicore_ps_cell_mean_##SUFFIX(const roicore_ps_cell *c,         \
-                                                              const T *slab, int64_t img_size, \
-                                                              int64_t W, int64_t S, int64_t M, \
+    ROICORE_CLONES static void roicore_ps_cell_mean_##SUFFIX(const roicore_ps_plan *c,         \
+                                                              int64_t cell, const T *slab,     \
+                                                              int64_t img_size, int64_t W,     \
+                                                              int64_t S, int64_t M,            \
                                                               T *restrict dst) {               \
-        for (int64_t k = 0; k < c->K; ++k) {                                                   \
-            const T *img = slab + c->batch[k] * img_size;                                      \
-            T *o = dst + k * M * S;                                                            \
-            for (int64_t ph = c->ph0; ph < c->ph1; ++ph)                                       \
-                for (int64_t pw = c->pw0; pw < c->pw1; ++pw, o += S)                           \
-                    roicore_region_mean_##SUFFIX(img, W, S, c->hs[k * c->PH + ph],             \
-                                                 c->he[k * c->PH + ph], c->ws[k * c->PW + pw], \
-                                                 c->we[k * c->PW + pw], S, o);                 \
-        }                                                                                      \
+        ROICORE_PS_CELL_LOOP(                                                                  \
+            T *o = dst + (k * M + (ph - ph0) * (pw1 - pw0) + (pw - pw0)) * S;                  \
+            roicore_region_mean_##SUFFIX(slab + c->batch[k] * img_size, W, S, h0, h1, w0, w1,  \
+                                         S, o);)                                               \
     }
 ROICORE_FOR_BOTH_TYPES(ROICORE_PS_CELL_MEAN)
 
 #define ROICORE_PS_CELL_ADD(SUFFIX, T)                                                         \
-    ROICORE_CLONES static void roicore_ps_cell_add_##SUFFIX(const roicore_ps_cell *c,          \
-                                                             T *restrict slab, int64_t img_size, \
-                                                             int64_t W, int64_t S, int64_t D,  \
-                                                             const T *g, int64_t gbox,         \
-                                                             T *restrict diff) {               \
-        for (int64_t k = 0; k < c->K; ++k) {                                                   \
-            T *img = slab + c->batch[k] * img_size;                                            \
-            for (int64_t ph = c->ph0; ph < c->ph1; ++ph)                                       \
-                for (int64_t pw = c->pw0; pw < c->pw1; ++pw)                                   \
-                    roicore_region_add_##SUFFIX(img, W, S, c->hs[k * c->PH + ph],              \
-                                                c->he[k * c->PH + ph], c->ws[k * c->PW + pw],  \
-                                                c->we[k * c->PW + pw], D, S,                   \
-                                                g + k * gbox + ph * c->PW + pw,                \
-                                                c->PH * c->PW, diff);                          \
-        }                                                                                      \
+    ROICORE_CLONES static void roicore_ps_cell_add_##SUFFIX(const roicore_ps_plan *c,          \
+                                                             int64_t cell, T *restrict slab,   \
+                                                             int64_t img_size, int64_t W,      \
+                                                             int64_t S, int64_t D, const T *g, \
+                                                             int64_t gbox, T *restrict diff) { \
+        ROICORE_PS_CELL_LOOP(                                                                  \
+            roicore_region_add_##SUFFIX(slab + c->batch[k] * img_size, W, S, h0, h1, w0, w1,   \
+                                        D, S, g + k * gbox + ph * c->PW + pw, c->PH * c->PW,   \
+                                        diff);)                                                \
     }
 ROICORE_FOR_BOTH_TYPES(ROICORE_PS_CELL_ADD)
 
