@@ -774,23 +774,22 @@ cdef inline void _cell_add(const roicore_ps_plan* c, Py_ssize_t cell, floating* 
         roicore_ps_cell_add_f64(c, cell, slab, img_size, W, S, D, g, gbox, diff)
 
 
-cdef inline void _unstage_box(const floating* src, Py_ssize_t cell_stride, Py_ssize_t G,
-                              Py_ssize_t GW, bint by_cell, const int64_t* r0,
-                              const int64_t* r1, const int64_t* q0, const int64_t* q1,
-                              Py_ssize_t S, Py_ssize_t D, Py_ssize_t PH, Py_ssize_t PW,
-                              floating* dst) noexcept nogil:
+cdef inline void _unstage_box(const roicore_ps_plan* c, const floating* src,
+                              Py_ssize_t cell_stride, Py_ssize_t G, bint by_cell, Py_ssize_t S,
+                              Py_ssize_t D, floating* dst) noexcept nogil:
     """One box's pooled values: cell g's bins from src + g*cell_stride (rows of S values,
-    numbered row-major in the cell) to dst (D, PH, PW).  Pointers, not memoryviews: a
-    memoryview argument costs shared reference-count updates that both threads contend."""
-    cdef Py_ssize_t g, j, ph, pw, d
+    numbered row-major in the cell, the cell's rows and columns from the plan c) to dst
+    (D, PH, PW).  Pointers, not memoryviews: a memoryview argument costs shared
+    reference-count updates that both threads contend."""
+    cdef Py_ssize_t g, j, ph, pw, d, PH = c.PH, PW = c.PW, GW = c.GW
     cdef const floating* row
     if by_cell:  # g is the pooled cell: one transpose (S >= round_up(D, 8): wide rows)
         _unpack(src, cell_stride, G, D, dst, G, True)
         return
     for g in range(G):
         j = 0
-        for ph in range(r0[g // GW], r1[g // GW]):
-            for pw in range(q0[g % GW], q1[g % GW]):
+        for ph in range(c.r0[g // GW], c.r1[g // GW]):
+            for pw in range(c.q0[g % GW], c.q1[g % GW]):
                 row = src + g * cell_stride + j * S
                 for d in range(D):
                     dst[(d * PH + ph) * PW + pw] = row[d]
@@ -813,7 +812,6 @@ def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), 
     cdef _PSPlan plan = _ps_plan(K, PH, PW, GH, GW, <floating>0)
     cdef Py_ssize_t M = plan.M
     cdef int64_t[:, ::1] hs = plan.hs, he = plan.he, ws = plan.ws, we = plan.we
-    cdef int64_t[::1] r0 = plan.r0, r1 = plan.r1, q0 = plan.q0, q1 = plan.q1
     cdef roicore_ps_plan view = _plan_view(plan, batch)
     cdef floating[:, ::1] slab_buf = np.empty((n_threads, N * HW * S), _dtype(<floating>0))
     cdef floating[:, :, :, ::1] staged = np.empty((G, K, M, S), _dtype(<floating>0))
@@ -829,14 +827,14 @@ def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), 
             _cell_mean(&view, g, slab, HW * S, W, S, M, &staged[g, 0, 0, 0])
             roicore_done(&done_g)
             g = roicore_take(&next_g)
-        # then the same threads move the staged values out, a box at a time
-        # in runs of consecutive boxes, whose staged rows share cache lines
+        # then the same threads move the staged values out, in runs of consecutive boxes,
+        # whose staged rows share cache lines
         roicore_await(&done_g, G)
         k0 = roicore_take(&next_k) * UNPACK_RUN
         while k0 < K:
             for k in range(k0, min(k0 + UNPACK_RUN, K)):
-                _unstage_box(&staged[0, k, 0, 0], K * M * S, G, GW, GH == PH and GW == PW,
-                             &r0[0], &r1[0], &q0[0], &q1[0], S, D, PH, PW, &out[k, 0, 0, 0])
+                _unstage_box(&view, &staged[0, k, 0, 0], K * M * S, G, GH == PH and GW == PW,
+                             S, D, &out[k, 0, 0, 0])
             k0 = roicore_take(&next_k) * UNPACK_RUN
         roicore_leave(&left)
 
