@@ -389,6 +389,21 @@ def test_roi_align_whole_channel_blocks_and_tail(dtype, convention):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("convention", sorted(MAX_POOL))
+def test_roi_pool_max_whole_channel_blocks_and_tail(dtype, convention):
+    """69 channels: the forward pools blocks of 64 (float32) or 32 (float64) channels, the
+    last one short, and turns each block's argmax into the convention's encoding."""
+    x, boxes, batch = _large_case(dtype, 10, channels=69)
+    boxes, batch = boxes[:12], batch[:12]
+    x[1, 40:, 3:9, 5:12] = np.nan
+    y, am = rc.roi_pool(x, boxes, (4, 3), 1 / 16, batch_indices=batch, convention=convention,
+                        return_argmax=True)
+    y_ref, am_ref = ref.roi_pool_max(x, boxes, batch, (4, 3), 1 / 16, MAX_POOL[convention])
+    assert_same(y, y_ref)
+    assert_same(am, am_ref)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("convention", sorted(MAX_POOL))
 def test_roi_pool_backward_in_several_passes_over_the_boxes(dtype, convention):
     """64 x 64 planes: the backward scatters into 256 KB of gradient planes per pass over
     the boxes (16 float32 or 8 float64 channels), so a thread's 37 or so channels take
@@ -427,7 +442,8 @@ def test_psroi_pool_many_output_channels(dtype):
 
 def test_large_outputs_have_the_same_bits_as_small_ones():
     """Outputs of 8 MiB or more are written with non-temporal stores through a staging
-    buffer: a call whose output is that large must agree with calls on a few boxes."""
+    buffer (RoIAlign, and max pooling's values and argmax): a call whose output is that
+    large must agree with calls on a few boxes."""
     rng = np.random.default_rng(9)
     x = rng.standard_normal((2, 130, 20, 24)).astype(np.float32)
     xy = rng.uniform(-20, 300, (400, 2))
@@ -439,6 +455,15 @@ def test_large_outputs_have_the_same_bits_as_small_ones():
         for part in (slice(0, 3), slice(150, 153), slice(397, 400)):
             assert_same(y[part], rc.roi_align(x, boxes[part], 7, 1 / 16, 2, True,
                                               batch_indices=batch[part], convention=conv))
+    for conv in sorted(MAX_POOL):
+        y, am = rc.roi_pool(x, boxes, 7, 1 / 16, batch_indices=batch, convention=conv,
+                            return_argmax=True)
+        assert y.nbytes >= 8 << 20
+        for part in (slice(0, 3), slice(150, 153), slice(397, 400)):
+            y_part, am_part = rc.roi_pool(x, boxes[part], 7, 1 / 16, batch_indices=batch[part],
+                                          convention=conv, return_argmax=True)
+            assert_same(y[part], y_part)
+            assert_same(am[part], am_part)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -1,4 +1,4 @@
-/* Channel-vectorised inner loops (NHWC), shared by the Cython kernels.
+/* Channel-vectorised inner loops (channels last), shared by the Cython kernels.
  *
  * Written as plain loops and branch-free selects so the compiler vectorises them; with
  * GCC on x86-64 Linux each function is also cloned for AVX2 and picked at load time
@@ -27,16 +27,18 @@
 
 #define ROICORE_FOR_BOTH_TYPES(DEFINE) DEFINE(f32, float) DEFINE(f64, double)
 
-/* Max pooling of one bin over all channels of an NHWC image (row length C, W pixels per
- * row), for the "greater" rule: each channel's running maximum starts at `initial` and
- * takes a pixel only when strictly greater, scanning rows then columns (NaN is never
- * taken); `arg` gets h*W + w of the pixel taken, -1 if none, unless arg is NULL.
+/* Max pooling of one bin over channels c < C of a channels-last image (W pixels per row,
+ * pixels `stride` values apart: a 64-channel block of x), for the "greater" rule: each
+ * channel's running maximum starts at `initial` and takes a pixel only when strictly
+ * greater, scanning rows then columns (NaN is never taken); `arg` gets h*W + w of the
+ * pixel taken, -1 if none, unless arg is NULL.
  *
- * float32 works on blocks of 16 channels held in two 8-lane vectors (GCC/Clang vector
- * extensions: AVX2 registers in the AVX2 clone, pairs of SSE registers otherwise) for the
- * whole bin, so a pixel costs one load per block and no stores.  Selects are bitwise, so
- * every channel follows exactly the scalar rule.  float64 and the last C % 16 channels use
- * a plain per-pixel loop over the row. */
+ * float32 works on groups of 64 channels (8 vectors of 8 lanes; 32 channels when indices
+ * are kept too, whose vectors take the other registers) held in vector registers (GCC/Clang
+ * vector extensions: AVX2 registers in the AVX2 clone, pairs of SSE registers otherwise)
+ * for the whole bin, so a pixel costs one load per vector and no stores; then single
+ * vectors.  Selects are bitwise, so every channel follows exactly the scalar rule.  float64
+ * and the last C % 8 channels use a plain per-pixel loop over the row. */
 #include <string.h>
 typedef float roicore_v8f __attribute__((vector_size(32)));
 typedef int32_t roicore_v8i __attribute__((vector_size(32)));
@@ -52,13 +54,14 @@ static inline roicore_v8f roicore_select8(roicore_v8i mask, roicore_v8f a, roico
 }
 
 #define ROICORE_MAX_TAIL(SUFFIX, T)                                                            \
-    static inline void roicore_max_tail_##SUFFIX(const T *img, int64_t W, int64_t C, int64_t c0, \
-                                                  int64_t h0, int64_t h1, int64_t w0, int64_t w1, \
-                                                  T initial, T *restrict acc, int32_t *restrict arg) { \
+    ROICORE_INLINE void roicore_max_tail_##SUFFIX(const T *img, int64_t W, int64_t stride,     \
+                                                  int64_t C, int64_t c0, int64_t h0, int64_t h1, \
+                                                  int64_t w0, int64_t w1, T initial,           \
+                                                  T *restrict acc, int32_t *restrict arg) {    \
         for (int64_t c = c0; c < C; ++c) { acc[c] = initial; if (arg) arg[c] = -1; }           \
         for (int64_t h = h0; h < h1; ++h)                                                      \
             for (int64_t w = w0; w < w1; ++w) {                                                \
-                const T *r = img + (h * W + w) * C;                                            \
+                const T *r = img + (h * W + w) * stride;                                       \
                 int32_t idx = (int32_t)(h * W + w);                                            \
                 if (arg) {                                                                     \
                     for (int64_t c = c0; c < C; ++c) {                                         \
@@ -73,43 +76,90 @@ static inline roicore_v8f roicore_select8(roicore_v8i mask, roicore_v8f a, roico
     }
 ROICORE_FOR_BOTH_TYPES(ROICORE_MAX_TAIL)
 
-ROICORE_CLONES static void roicore_max_bin_f32(const float *img, int64_t W, int64_t C, int64_t h0,
-                                               int64_t h1, int64_t w0, int64_t w1, float initial,
-                                               float *restrict acc, int32_t *restrict arg) {
+/* One bin, channels c < C of pixels `stride` values apart. */
+/* Channels c0 .. in groups of NV vectors while whole groups fit. */
+#define ROICORE_MAX_GROUPS(NV)                                                                 \
+    for (; c0 + 8 * (NV) <= C; c0 += 8 * (NV)) {                                               \
+        roicore_v8f m[NV];                                                                     \
+        roicore_v8i a[NV];                                                                     \
+        for (int q = 0; q < (NV); ++q) {                                                       \
+            m[q] = init;                                                                       \
+            a[q] = (roicore_v8i){-1, -1, -1, -1, -1, -1, -1, -1};                              \
+        }                                                                                      \
+        for (int64_t h = h0; h < h1; ++h)                                                      \
+            for (int64_t w = w0; w < w1; ++w) {                                                \
+                const float *r = img + (h * W + w) * stride + c0;                              \
+                int32_t idx = (int32_t)(h * W + w);                                            \
+                roicore_v8i vi = {idx, idx, idx, idx, idx, idx, idx, idx};                     \
+                _Pragma("GCC unroll 8")                                                        \
+                for (int q = 0; q < (NV); ++q) {                                               \
+                    roicore_v8f v = roicore_load8(r + 8 * q);                                  \
+                    roicore_v8i g = v > m[q];                                                  \
+                    m[q] = roicore_select8(g, v, m[q]);                                        \
+                    if (arg) a[q] = (vi & g) | (a[q] & ~g);                                    \
+                }                                                                              \
+            }                                                                                  \
+        for (int q = 0; q < (NV); ++q) {                                                       \
+            roicore_store8f(acc + c0 + 8 * q, m[q]);                                           \
+            if (arg) roicore_store8i(arg + c0 + 8 * q, a[q]);                                  \
+        }                                                                                      \
+    }
+
+ROICORE_INLINE void roicore_max_bin_f32(const float *img, int64_t W, int64_t stride, int64_t C,
+                                        int64_t h0, int64_t h1, int64_t w0, int64_t w1,
+                                        float initial, float *restrict acc,
+                                        int32_t *restrict arg) {
     const roicore_v8f init = {initial, initial, initial, initial, initial, initial, initial, initial};
     int64_t c0 = 0;
-    for (; c0 + 16 <= C; c0 += 16) {
-        roicore_v8f m0 = init, m1 = init;
-        roicore_v8i a0 = {-1, -1, -1, -1, -1, -1, -1, -1}, a1 = a0;
-        for (int64_t h = h0; h < h1; ++h)
-            for (int64_t w = w0; w < w1; ++w) {
-                const float *r = img + (h * W + w) * C + c0;
-                roicore_v8f v0 = roicore_load8(r), v1 = roicore_load8(r + 8);
-                roicore_v8i g0 = v0 > m0, g1 = v1 > m1;
-                m0 = roicore_select8(g0, v0, m0);
-                m1 = roicore_select8(g1, v1, m1);
-                if (arg) {
-                    int32_t idx = (int32_t)(h * W + w);
-                    roicore_v8i vi = {idx, idx, idx, idx, idx, idx, idx, idx};
-                    a0 = (vi & g0) | (a0 & ~g0);
-                    a1 = (vi & g1) | (a1 & ~g1);
-                }
-            }
-        roicore_store8f(acc + c0, m0);
-        roicore_store8f(acc + c0 + 8, m1);
-        if (arg) {
-            roicore_store8i(arg + c0, a0);
-            roicore_store8i(arg + c0 + 8, a1);
-        }
+    if (arg) {
+        ROICORE_MAX_GROUPS(4)
+    } else {
+        ROICORE_MAX_GROUPS(8)
     }
-    roicore_max_tail_f32(img, W, C, c0, h0, h1, w0, w1, initial, acc, arg);
+    ROICORE_MAX_GROUPS(1)
+    roicore_max_tail_f32(img, W, stride, C, c0, h0, h1, w0, w1, initial, acc, arg);
 }
 
-ROICORE_CLONES static void roicore_max_bin_f64(const double *img, int64_t W, int64_t C, int64_t h0,
-                                               int64_t h1, int64_t w0, int64_t w1, double initial,
-                                               double *restrict acc, int32_t *restrict arg) {
-    roicore_max_tail_f64(img, W, C, 0, h0, h1, w0, w1, initial, acc, arg);
+ROICORE_INLINE void roicore_max_bin_f64(const double *img, int64_t W, int64_t stride, int64_t C,
+                                        int64_t h0, int64_t h1, int64_t w0, int64_t w1,
+                                        double initial, double *restrict acc,
+                                        int32_t *restrict arg) {
+    roicore_max_tail_f64(img, W, stride, C, 0, h0, h1, w0, w1, initial, acc, arg);
 }
+
+/* One box: the PH x PW bins with row ranges [hs, he) and column ranges [ws, we), C
+ * channels each, into acc's (bin, channel) rows of C values (and arg's, unless NULL); an
+ * empty bin gets 0 and -1.  One call per box and channel block: per-bin calls into the
+ * cloned function cost an indirect call each (1.6 M of them at c4_14x14). */
+#define ROICORE_MAX_BOX(SUFFIX, T)                                                             \
+    ROICORE_INLINE void roicore_max_bins_##SUFFIX(                                             \
+        const T *img, int64_t W, int64_t stride, int64_t C, int64_t PH, int64_t PW,            \
+        const int64_t *hs, const int64_t *he, const int64_t *ws, const int64_t *we, T initial, \
+        T *restrict acc, int32_t *restrict arg) {                                              \
+        for (int64_t ph = 0; ph < PH; ++ph)                                                    \
+            for (int64_t pw = 0; pw < PW; ++pw) {                                              \
+                T *acc_p = acc + (ph * PW + pw) * C;                                           \
+                int32_t *arg_p = arg ? arg + (ph * PW + pw) * C : NULL;                        \
+                if (he[ph] <= hs[ph] || we[pw] <= ws[pw]) {                                    \
+                    for (int64_t c = 0; c < C; ++c) acc_p[c] = 0;                              \
+                    if (arg_p) for (int64_t c = 0; c < C; ++c) arg_p[c] = -1;                  \
+                    continue;                                                                  \
+                }                                                                              \
+                roicore_max_bin_##SUFFIX(img, W, stride, C, hs[ph], he[ph], ws[pw], we[pw],    \
+                                         initial, acc_p, arg_p);                               \
+            }                                                                                  \
+    }                                                                                          \
+    ROICORE_CLONES static void roicore_max_box_##SUFFIX(                                       \
+        const T *img, int64_t W, int64_t stride, int64_t C, int64_t PH, int64_t PW,            \
+        const int64_t *hs, const int64_t *he, const int64_t *ws, const int64_t *we, T initial, \
+        T *restrict acc, int32_t *restrict arg) {                                              \
+        /* two inlined copies, so that the one without indices has no trace of them */     \
+        if (arg)                                                                               \
+            roicore_max_bins_##SUFFIX(img, W, stride, C, PH, PW, hs, he, ws, we, initial, acc, arg); \
+        else                                                                                   \
+            roicore_max_bins_##SUFFIX(img, W, stride, C, PH, PW, hs, he, ws, we, initial, acc, NULL); \
+    }
+ROICORE_FOR_BOTH_TYPES(ROICORE_MAX_BOX)
 
 /* RoIAlign forward, one bin for all C channels of an NHWC image (rows of C): the bin's
  * gy x gx samples, row sample iy at rows ylo/yhi with weights ylw/yhw and column sample ix
@@ -406,6 +456,22 @@ static inline void roicore_stream_copy(void *dst, const void *src, int64_t nbyte
 }
 static inline void roicore_stream_fence(void) {}
 #endif
+
+/* Argmax planes to flat indices into x: `rows` planes of n indices, plane r shifted by
+ * base + r * step; -1 (no pixel) stays.  A select, so it vectorises: MXNet's global
+ * argmax at c4_14x14 is 200 M values, and the scalar branchy loop this replaces was a
+ * fifth of the forward. */
+#define ROICORE_OFFSET_INDICES(SUFFIX, T)                                                      \
+    ROICORE_CLONES static void roicore_offset_indices_##SUFFIX(T *a, int64_t rows, int64_t n,  \
+                                                               int64_t base, int64_t step) {   \
+        for (int64_t r = 0; r < rows; ++r) {                                                   \
+            const T off = (T)(base + r * step);                                                \
+            T *p = a + r * n;                                                                  \
+            for (int64_t i = 0; i < n; ++i) p[i] = p[i] >= 0 ? p[i] + off : p[i];              \
+        }                                                                                      \
+    }
+ROICORE_OFFSET_INDICES(i32, int32_t)
+ROICORE_OFFSET_INDICES(i64, int64_t)
 
 /* The argmax in int64 (Paddle): a widening copy, no tiles. */
 static void roicore_transpose_i32_i64(const int32_t *restrict in, int64_t in_stride, int64_t R,
