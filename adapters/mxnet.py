@@ -317,7 +317,14 @@ _OPS = {
 
 # ------------------------------------------------------------------------------ imperative
 class _Function(mx.autograd.Function):
-    """One recorded call: forward in the core, backward in the core, zero rois gradient."""
+    """One recorded call: forward in the core, backward in the core, zero rois gradient.
+
+    MXNet's Function.__call__ leaves each recorded Function in a reference cycle (its
+    ctypes callbacks close over it), so this object lives until Python's cyclic collector
+    runs, which in a loop of large calls can be many iterations later.  ROIPooling's argmax
+    is as large as its output (1.6 GB of output and argmax at c4_14x14), so the backward
+    releases it; a second backward through a retained graph recomputes it from the saved
+    input, bit for bit the forward's."""
 
     def __init__(self, op, params):
         super().__init__()
@@ -328,13 +335,18 @@ class _Function(mx.autograd.Function):
         outputs = self._forward(self._params, _as_numpy(data), _as_numpy(rois), argmax=True)
         self._outputs = outputs[1:]  # ROIPooling's argmax (NumPy, owned here)
         self._x_shape = data.shape
-        self.save_for_backward(rois)
+        self.save_for_backward(data, rois)
         return _as_ndarray(outputs[0], data.context)
 
     def backward(self, dy):
-        (rois,) = self.saved_tensors
+        data, rois = self.saved_tensors
+        outputs = self._outputs
+        if outputs is None:  # released by an earlier backward (retain_graph=True)
+            outputs = self._forward(self._params, _as_numpy(data), _as_numpy(rois),
+                                    argmax=True)[1:]
+        self._outputs = None
         dx = self._backward(self._params, _as_numpy(dy), _as_numpy(rois), self._x_shape,
-                            (None,) + tuple(self._outputs))
+                            (None,) + tuple(outputs))
         return _as_ndarray(dx, dy.context), mx.nd.zeros_like(rois)
 
 

@@ -11,10 +11,12 @@ behaviour for those is tested on the adapter alone.
 """
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import textwrap
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -590,6 +592,40 @@ def test_zero_copy_output_feeds_native_layers():
         return mx.nd.FullyConnected(t, w_fc, num_hidden=4, no_bias=True)
 
     assert_identical(fc(y).asnumpy(), fc(y_copy).asnumpy())
+
+
+def test_backward_releases_the_argmax_and_a_retained_graph_recomputes_it(monkeypatch):
+    """MXNet keeps a recorded Function in a reference cycle until the cyclic collector
+    runs; the argmax (as large as the output) must go with the backward, not with it, and
+    a second backward through the retained graph must give the same gradient."""
+    released = []
+    forward = mxa._OPS["ROIPooling"][0]
+
+    def spy(*args, **kwargs):
+        outputs = forward(*args, **kwargs)
+        if len(outputs) > 1:
+            weakref.finalize(outputs[1], released.append, True)
+        return outputs
+    monkeypatch.setitem(mxa._OPS, "ROIPooling", (spy, mxa._OPS["ROIPooling"][1]))
+    rng = np.random.default_rng(4)
+    x = mx.nd.array(rng.standard_normal((1, 3, 12, 10)).astype(np.float32))
+    x.attach_grad()
+    rois = mx.nd.array([[0, 0, 0, 100, 90], [0, 20, 30, 60, 150]])
+    dy = mx.nd.array(rng.standard_normal((2, 3, 2, 2)).astype(np.float32))
+    gc.disable()
+    try:
+        with mx.autograd.record():
+            y = mxa.ROIPooling(x, rois, pooled_size=(2, 2), spatial_scale=1 / 16)
+        y.backward(dy, retain_graph=True)
+        first = x.grad.asnumpy()
+        mx.nd.waitall()
+        assert released == [True]  # before any collection
+        y.backward(dy)
+        assert_identical(x.grad.asnumpy(), first)
+    finally:
+        gc.enable()
+    ref = mx.nd.ROIPooling(x, rois, pooled_size=(2, 2), spatial_scale=1 / 16)
+    assert_identical(y.asnumpy(), ref.asnumpy())
 
 
 def test_input_views_survive_the_source_ndarray():
