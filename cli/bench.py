@@ -164,19 +164,19 @@ def add_ratios(rows):
 
 
 # roicore.core's output cache in the framework workers (which time the adapters against the
-# core in-process): up to 2 GiB of idle blocks in each of four workers, beside the
-# frameworks' own pools, ran the 24 GB machines out of memory at c4_14x14.  512 MB still
-# holds the smaller workloads' outputs; the roicore worker keeps the default.
-FRAMEWORK_WORKER_CACHE = {"ROICORE_OUTPUT_CACHE_MB": "512"}
-
-
+# core in-process): each adapter or core run there starts with an untimed call, whose
+# outputs the timed calls then reuse, and ends by releasing the idle blocks.  Kept between
+# runs, up to 2 GiB of idle blocks in each of four workers, beside the frameworks' own
+# pools, ran the 24 GB machines out of memory at c4_14x14; a fixed 512 MB cap instead
+# left c4_14x14's 803 MB outputs fresh in every call, timing page faults (0.3-1.9 s per
+# call, whatever the host had done with the memory meanwhile) rather than the adapters.
+# The roicore worker keeps its cache throughout.
 def _start_workers(all_names, threads, fw_info):
     workers = {}
 
     def start(name):
-        w = Worker("bench", name, threads=threads, quiet_progress=True,
-                   env_defaults=None if name == "roicore" else FRAMEWORK_WORKER_CACHE)
-        return w, w.request(dict(cmd="init", threads=threads))
+        w = Worker("bench", name, threads=threads, quiet_progress=True)
+        return w, w.request(dict(cmd="init", threads=threads, cache_per_run=name != "roicore"))
 
     for name, res in _parallel(start, all_names).items():
         if isinstance(res, Exception):
@@ -458,10 +458,9 @@ def print_report(report):
               "mxnet's for mxnet and tensorflow (per-plane argmax), with the argmax a gradient "
               "needs) are timed in "
               "the same worker process, interleaved in every round; the roicore ms column "
-              "above comes from the separate roicore worker.  Output cache: the roicore "
-              "worker's default; ROICORE_OUTPUT_CACHE_MB="
-              f"{FRAMEWORK_WORKER_CACHE['ROICORE_OUTPUT_CACHE_MB']} in framework workers "
-              "(outputs above that are fresh allocations for adapter and core alike).  net = "
+              "above comes from the separate roicore worker.  Output cache: the default; in "
+              "framework workers each adapter or core run starts with an untimed call, whose "
+              "outputs the timed calls reuse, and releases the idle blocks after.  net = "
               "(adapter - autograd) / core, where autograd is a null op of the adapter's "
               "shapes (forward returns a ready output, backward a ready input gradient) "
               "recorded and differentiated as the adapter is: what the framework spends "

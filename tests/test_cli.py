@@ -433,6 +433,41 @@ def test_a_timed_run_repeats_short_calls_and_takes_their_median():
     assert timed_run(fake([2 * RUN_MIN_SECONDS])) == 2 * RUN_MIN_SECONDS
 
 
+def test_framework_workers_warm_the_output_cache_per_run_and_release_it(cache):
+    """In a framework worker an adapter or core run makes one untimed call first, so the
+    timed call reuses its output block, and leaves no idle block behind; native runs and
+    the roicore worker are timed as they come."""
+    from roicore.cli._worker import BenchState
+    import roicore.core as rc
+
+    def contender():
+        log = []
+
+        def call():
+            y = rc.roi_pool(np.ones((1, 1, 4, 4), np.float32), np.zeros((1 << 18, 4), np.float32),
+                            1, batch_indices=np.zeros(1 << 18, np.int64))  # a 1 MB output
+            log.append(rc.output_cache_stats()["hits"])
+            del y
+            return 1.0  # seconds: one call per timed run
+        return call, log
+
+    fw = BenchState(runner=None, threads=1, cache_per_run=True)
+    core_call, core_log = contender()
+    native_call, native_log = contender()
+    fw.calls = {("roi_pool", "forward", "core", 1): core_call,
+                ("roi_pool", "forward", "native", 1): native_call}
+    hits = rc.output_cache_stats()["hits"]
+    assert fw.handle(dict(cmd="run", key=["roi_pool", "forward", "core", 1])) == {"seconds": 1.0}
+    assert core_log == [hits, hits + 1]  # the timed call reused the warm-up's block
+    assert rc.output_cache_stats()["idle_blocks"] == 0
+    fw.handle(dict(cmd="run", key=["roi_pool", "forward", "native", 1]))
+    assert len(native_log) == 1
+    plain = BenchState(runner=None, threads=1)
+    plain.calls = {("roi_pool", "forward", "core", 1): core_call}
+    plain.handle(dict(cmd="run", key=["roi_pool", "forward", "core", 1]))
+    assert len(core_log) == 3 and rc.output_cache_stats()["idle_blocks"] == 1
+
+
 def test_bench_scaling_usage_errors():
     proc = roicore("bench", "--scaling", "--threads", "1")
     assert proc.returncode != 0 and "--scaling" in proc.stderr and "2" in proc.stderr

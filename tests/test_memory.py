@@ -11,26 +11,10 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import roicore.core as rc
+from conftest import SMALL_CACHED as SMALL
 from roicore.core import _memory
 
 MB = 1 << 20
-
-
-# These tests exercise the cache's mechanism on small arrays: their caches take requests
-# from 1 MB (in use the threshold is _memory.MIN_BYTES).
-SMALL = MB
-
-
-@pytest.fixture
-def cache(monkeypatch):
-    """The process-wide cache, emptied, taking requests from SMALL, with its limit restored
-    afterwards."""
-    rc.release_output_cache()
-    monkeypatch.setattr(_memory._CACHE, "min_bytes", SMALL)
-    previous = rc.set_output_cache_limit(256 * MB)
-    yield
-    rc.set_output_cache_limit(previous)
-    rc.release_output_cache()
 
 
 def _align_case(rois=64):
