@@ -11,10 +11,13 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import roicore.core as rc
-from conftest import SMALL_CACHED as SMALL
 from roicore.core import _memory
 
 MB = 1 << 20
+# These tests exercise the cache's mechanism on small arrays: the `cache` fixture
+# (conftest.py) makes the process-wide cache take requests from 1 MB, and the caches built
+# here do the same (in use the threshold is _memory.MIN_BYTES).
+SMALL = MB
 
 
 def _align_case(rois=64):
