@@ -3,6 +3,8 @@ convention and dtype; gradients against finite differences; linear operators aga
 their adjoints; results against the thread count."""
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st
@@ -455,12 +457,13 @@ def test_large_outputs_have_the_same_bits_as_small_ones():
         for part in (slice(0, 3), slice(150, 153), slice(397, 400)):
             assert_same(y[part], rc.roi_align(x, boxes[part], 7, 1 / 16, 2, True,
                                               batch_indices=batch[part], convention=conv))
-    for conv in sorted(MAX_POOL):
-        y, am = rc.roi_pool(x, boxes, 7, 1 / 16, batch_indices=batch, convention=conv,
+    for dtype, conv in itertools.product((np.float32, np.float64), sorted(MAX_POOL)):
+        xd, bd = x.astype(dtype), boxes.astype(dtype)
+        y, am = rc.roi_pool(xd, bd, 7, 1 / 16, batch_indices=batch, convention=conv,
                             return_argmax=True)
         assert y.nbytes >= 8 << 20
         for part in (slice(0, 3), slice(150, 153), slice(397, 400)):
-            y_part, am_part = rc.roi_pool(x, boxes[part], 7, 1 / 16, batch_indices=batch[part],
+            y_part, am_part = rc.roi_pool(xd, bd[part], 7, 1 / 16, batch_indices=batch[part],
                                           convention=conv, return_argmax=True)
             assert_same(y[part], y_part)
             assert_same(am[part], am_part)
