@@ -335,16 +335,18 @@ class _Function(mx.autograd.Function):
         outputs = self._forward(self._params, _as_numpy(data), _as_numpy(rois), argmax=True)
         self._outputs = outputs[1:]  # ROIPooling's argmax (NumPy, owned here)
         self._x_shape = data.shape
-        self.save_for_backward(data, rois)
+        # the input only where the backward may have to recompute an argmax
+        self.save_for_backward(rois, *([data] if self._outputs else []))
         return _as_ndarray(outputs[0], data.context)
 
     def backward(self, dy):
-        data, rois = self.saved_tensors
+        rois, *data = self.saved_tensors
         outputs = self._outputs
         if outputs is None:  # released by an earlier backward (retain_graph=True)
-            outputs = self._forward(self._params, _as_numpy(data), _as_numpy(rois),
+            outputs = self._forward(self._params, _as_numpy(data[0]), _as_numpy(rois),
                                     argmax=True)[1:]
-        self._outputs = None
+        if outputs:
+            self._outputs = None
         dx = self._backward(self._params, _as_numpy(dy), _as_numpy(rois), self._x_shape,
                             (None,) + tuple(outputs))
         return _as_ndarray(dx, dy.context), mx.nd.zeros_like(rois)

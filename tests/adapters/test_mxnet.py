@@ -628,6 +628,30 @@ def test_backward_releases_the_argmax_and_a_retained_graph_recomputes_it(monkeyp
     assert_identical(y.asnumpy(), ref.asnumpy())
 
 
+@pytest.mark.parametrize("op, kw", [
+    ("PSROIPooling", dict(spatial_scale=1 / 16, output_dim=2, pooled_size=2)),
+    ("ROIAlign", dict(pooled_size=(2, 2), spatial_scale=1 / 16))])
+def test_ops_without_argmax_run_their_forward_once_for_a_retained_graph(monkeypatch, op, kw):
+    """Only ROIPooling's backward has an argmax to release and recompute."""
+    forwards = []
+    forward, backward = mxa._OPS[op]
+
+    def spy(*args, **kwargs):
+        forwards.append(op)
+        return forward(*args, **kwargs)
+    monkeypatch.setitem(mxa._OPS, op, (spy, backward))
+    x = mx.nd.array(np.random.default_rng(5).standard_normal((1, 8, 10, 10)).astype(np.float32))
+    x.attach_grad()
+    rois = mx.nd.array([[0, 0, 0, 100, 90]])
+    with mx.autograd.record():
+        y = getattr(mxa, op)(x, rois, **kw)
+    y.backward(mx.nd.ones_like(y), retain_graph=True)
+    first = x.grad.asnumpy()
+    y.backward(mx.nd.ones_like(y))
+    assert_identical(x.grad.asnumpy(), first)
+    assert forwards == [op]
+
+
 def test_input_views_survive_the_source_ndarray():
     """The NumPy view handed to the core keeps the NDArray's memory alive."""
     x = mx.nd.array(np.arange(48, dtype=np.float32).reshape(1, 1, 8, 6))
