@@ -39,13 +39,13 @@ cdef extern from "roicore_omp.h":
     void roicore_leave(int64_t* left) noexcept nogil
 
 cdef extern from "roicore_simd.h":
-    void roicore_max_box_f32(const float* img, int64_t W, int64_t stride, int64_t C,
-                             int64_t PH, int64_t PW, const int64_t* hs, const int64_t* he,
-                             const int64_t* ws, const int64_t* we, float initial, float* acc,
+    void roicore_max_box_f32(const float* img, int64_t W, int64_t C, int64_t PH, int64_t PW,
+                             const int64_t* hs, const int64_t* he, const int64_t* ws,
+                             const int64_t* we, float initial, float* acc,
                              int32_t* arg) noexcept nogil
-    void roicore_max_box_f64(const double* img, int64_t W, int64_t stride, int64_t C,
-                             int64_t PH, int64_t PW, const int64_t* hs, const int64_t* he,
-                             const int64_t* ws, const int64_t* we, double initial, double* acc,
+    void roicore_max_box_f64(const double* img, int64_t W, int64_t C, int64_t PH, int64_t PW,
+                             const int64_t* hs, const int64_t* he, const int64_t* ws,
+                             const int64_t* we, double initial, double* acc,
                              int32_t* arg) noexcept nogil
     void roicore_align_bin_f32(const float* img, int64_t W, int64_t C, int64_t gy,
                                const int64_t* ylo, const int64_t* yhi, const float* ylw,
@@ -431,10 +431,10 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
             nb = min(B, C - c0)
             img = &xb[batch[k], 0, 0, 0] + c0 * HW
             if floating is float:
-                roicore_max_box_f32(img, W, nb, nb, PH, PW, &hs[k, 0], &he[k, 0], &ws[k, 0],
+                roicore_max_box_f32(img, W, nb, PH, PW, &hs[k, 0], &he[k, 0], &ws[k, 0],
                                     &we[k, 0], initial, acc, arg if want_argmax else NULL)
             else:
-                roicore_max_box_f64(img, W, nb, nb, PH, PW, &hs[k, 0], &he[k, 0], &ws[k, 0],
+                roicore_max_box_f64(img, W, nb, PH, PW, &hs[k, 0], &he[k, 0], &ws[k, 0],
                                     &we[k, 0], initial, acc, arg if want_argmax else NULL)
             out_k = &out[k, c0, 0, 0]
             if stream:

@@ -27,8 +27,8 @@
 
 #define ROICORE_FOR_BOTH_TYPES(DEFINE) DEFINE(f32, float) DEFINE(f64, double)
 
-/* Max pooling of one bin over channels c < C of a channels-last image (W pixels per row,
- * pixels `stride` values apart: a 64-channel block of x), for the "greater" rule: each
+/* Max pooling of one bin over the C channels of a channels-last image (W pixels per row
+ * of C values: a 64-channel block of x), for the "greater" rule: each
  * channel's running maximum starts at `initial` and takes a pixel only when strictly
  * greater, scanning rows then columns (NaN is never taken); `arg` gets h*W + w of the
  * pixel taken, -1 if none, unless arg is NULL.
@@ -54,14 +54,14 @@ static inline roicore_v8f roicore_select8(roicore_v8i mask, roicore_v8f a, roico
 }
 
 #define ROICORE_MAX_TAIL(SUFFIX, T)                                                            \
-    ROICORE_INLINE void roicore_max_tail_##SUFFIX(const T *img, int64_t W, int64_t stride,     \
-                                                  int64_t C, int64_t c0, int64_t h0, int64_t h1, \
+    ROICORE_INLINE void roicore_max_tail_##SUFFIX(const T *img, int64_t W, int64_t C,          \
+                                                  int64_t c0, int64_t h0, int64_t h1,          \
                                                   int64_t w0, int64_t w1, T initial,           \
                                                   T *restrict acc, int32_t *restrict arg) {    \
         for (int64_t c = c0; c < C; ++c) { acc[c] = initial; if (arg) arg[c] = -1; }           \
         for (int64_t h = h0; h < h1; ++h)                                                      \
             for (int64_t w = w0; w < w1; ++w) {                                                \
-                const T *r = img + (h * W + w) * stride;                                       \
+                const T *r = img + (h * W + w) * C;                                            \
                 int32_t idx = (int32_t)(h * W + w);                                            \
                 if (arg) {                                                                     \
                     for (int64_t c = c0; c < C; ++c) {                                         \
@@ -76,7 +76,6 @@ static inline roicore_v8f roicore_select8(roicore_v8i mask, roicore_v8f a, roico
     }
 ROICORE_FOR_BOTH_TYPES(ROICORE_MAX_TAIL)
 
-/* One bin, channels c < C of pixels `stride` values apart. */
 /* Channels c0 .. in groups of NV vectors while whole groups fit. */
 #define ROICORE_MAX_GROUPS(NV)                                                                 \
     for (; c0 + 8 * (NV) <= C; c0 += 8 * (NV)) {                                               \
@@ -88,7 +87,7 @@ ROICORE_FOR_BOTH_TYPES(ROICORE_MAX_TAIL)
         }                                                                                      \
         for (int64_t h = h0; h < h1; ++h)                                                      \
             for (int64_t w = w0; w < w1; ++w) {                                                \
-                const float *r = img + (h * W + w) * stride + c0;                              \
+                const float *r = img + (h * W + w) * C + c0;                                   \
                 int32_t idx = (int32_t)(h * W + w);                                            \
                 roicore_v8i vi = {idx, idx, idx, idx, idx, idx, idx, idx};                     \
                 _Pragma("GCC unroll 8")                                                        \
@@ -105,7 +104,7 @@ ROICORE_FOR_BOTH_TYPES(ROICORE_MAX_TAIL)
         }                                                                                      \
     }
 
-ROICORE_INLINE void roicore_max_bin_f32(const float *img, int64_t W, int64_t stride, int64_t C,
+ROICORE_INLINE void roicore_max_bin_f32(const float *img, int64_t W, int64_t C,
                                         int64_t h0, int64_t h1, int64_t w0, int64_t w1,
                                         float initial, float *restrict acc,
                                         int32_t *restrict arg) {
@@ -117,14 +116,14 @@ ROICORE_INLINE void roicore_max_bin_f32(const float *img, int64_t W, int64_t str
         ROICORE_MAX_GROUPS(8)
     }
     ROICORE_MAX_GROUPS(1)
-    roicore_max_tail_f32(img, W, stride, C, c0, h0, h1, w0, w1, initial, acc, arg);
+    roicore_max_tail_f32(img, W, C, c0, h0, h1, w0, w1, initial, acc, arg);
 }
 
-ROICORE_INLINE void roicore_max_bin_f64(const double *img, int64_t W, int64_t stride, int64_t C,
+ROICORE_INLINE void roicore_max_bin_f64(const double *img, int64_t W, int64_t C,
                                         int64_t h0, int64_t h1, int64_t w0, int64_t w1,
                                         double initial, double *restrict acc,
                                         int32_t *restrict arg) {
-    roicore_max_tail_f64(img, W, stride, C, 0, h0, h1, w0, w1, initial, acc, arg);
+    roicore_max_tail_f64(img, W, C, 0, h0, h1, w0, w1, initial, acc, arg);
 }
 
 /* One box: the PH x PW bins with row ranges [hs, he) and column ranges [ws, we), C
@@ -133,7 +132,7 @@ ROICORE_INLINE void roicore_max_bin_f64(const double *img, int64_t W, int64_t st
  * cloned function cost an indirect call each (1.6 M of them at c4_14x14). */
 #define ROICORE_MAX_BOX(SUFFIX, T)                                                             \
     ROICORE_INLINE void roicore_max_bins_##SUFFIX(                                             \
-        const T *img, int64_t W, int64_t stride, int64_t C, int64_t PH, int64_t PW,            \
+        const T *img, int64_t W, int64_t C, int64_t PH, int64_t PW,                            \
         const int64_t *hs, const int64_t *he, const int64_t *ws, const int64_t *we, T initial, \
         T *restrict acc, int32_t *restrict arg) {                                              \
         for (int64_t ph = 0; ph < PH; ++ph)                                                    \
@@ -145,19 +144,19 @@ ROICORE_INLINE void roicore_max_bin_f64(const double *img, int64_t W, int64_t st
                     if (arg_p) for (int64_t c = 0; c < C; ++c) arg_p[c] = -1;                  \
                     continue;                                                                  \
                 }                                                                              \
-                roicore_max_bin_##SUFFIX(img, W, stride, C, hs[ph], he[ph], ws[pw], we[pw],    \
+                roicore_max_bin_##SUFFIX(img, W, C, hs[ph], he[ph], ws[pw], we[pw],            \
                                          initial, acc_p, arg_p);                               \
             }                                                                                  \
     }                                                                                          \
     ROICORE_CLONES static void roicore_max_box_##SUFFIX(                                       \
-        const T *img, int64_t W, int64_t stride, int64_t C, int64_t PH, int64_t PW,            \
+        const T *img, int64_t W, int64_t C, int64_t PH, int64_t PW,                            \
         const int64_t *hs, const int64_t *he, const int64_t *ws, const int64_t *we, T initial, \
         T *restrict acc, int32_t *restrict arg) {                                              \
         /* two inlined copies, so that the one without indices has no trace of them */     \
         if (arg)                                                                               \
-            roicore_max_bins_##SUFFIX(img, W, stride, C, PH, PW, hs, he, ws, we, initial, acc, arg); \
+            roicore_max_bins_##SUFFIX(img, W, C, PH, PW, hs, he, ws, we, initial, acc, arg);  \
         else                                                                                   \
-            roicore_max_bins_##SUFFIX(img, W, stride, C, PH, PW, hs, he, ws, we, initial, acc, NULL); \
+            roicore_max_bins_##SUFFIX(img, W, C, PH, PW, hs, he, ws, we, initial, acc, NULL); \
     }
 ROICORE_FOR_BOTH_TYPES(ROICORE_MAX_BOX)
 
