@@ -341,13 +341,26 @@ def _large_case(dtype, seed, normalised=False, channels=5):
     return x, boxes.astype(dtype), batch
 
 
+def _max_pool_case(dtype, kind):
+    """(x, boxes, batch, output_size).  "boxes": 40 boxes of every kind on 5 channels.
+    "channels": 69 channels, which the forward pools in blocks of 64 (float32) or 32
+    (float64), the last one short, turning each block's argmax into the convention's
+    encoding; NaNs in some blocks."""
+    if kind == "boxes":
+        return (*_large_case(dtype, 1), (7, 5))
+    x, boxes, batch = _large_case(dtype, 10, channels=69)
+    x[1, 40:, 3:9, 5:12] = np.nan
+    return x, boxes[:12], batch[:12], (4, 3)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("convention", sorted(MAX_POOL))
-def test_roi_pool_max_large_case(dtype, convention):
-    x, boxes, batch = _large_case(dtype, 1)
-    y, am = rc.roi_pool(x, boxes, (7, 5), 1 / 16, batch_indices=batch, convention=convention,
+@pytest.mark.parametrize("kind", ["boxes", "channels"])
+def test_roi_pool_max_large_cases(dtype, convention, kind):
+    x, boxes, batch, size = _max_pool_case(dtype, kind)
+    y, am = rc.roi_pool(x, boxes, size, 1 / 16, batch_indices=batch, convention=convention,
                         return_argmax=True)
-    y_ref, am_ref = ref.roi_pool_max(x, boxes, batch, (7, 5), 1 / 16, MAX_POOL[convention])
+    y_ref, am_ref = ref.roi_pool_max(x, boxes, batch, size, 1 / 16, MAX_POOL[convention])
     assert_same(y, y_ref)
     assert_same(am, am_ref)
 
@@ -387,21 +400,6 @@ def test_roi_align_whole_channel_blocks_and_tail(dtype, convention):
         dx = rc.roi_align_backward(g, boxes, x.shape, *args[1:], batch_indices=batch,
                                    convention=convention)
         assert_same(dx, ref.roi_align_backward(g, boxes, batch, x.shape, *args, rules))
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("convention", sorted(MAX_POOL))
-def test_roi_pool_max_whole_channel_blocks_and_tail(dtype, convention):
-    """69 channels: the forward pools blocks of 64 (float32) or 32 (float64) channels, the
-    last one short, and turns each block's argmax into the convention's encoding."""
-    x, boxes, batch = _large_case(dtype, 10, channels=69)
-    boxes, batch = boxes[:12], batch[:12]
-    x[1, 40:, 3:9, 5:12] = np.nan
-    y, am = rc.roi_pool(x, boxes, (4, 3), 1 / 16, batch_indices=batch, convention=convention,
-                        return_argmax=True)
-    y_ref, am_ref = ref.roi_pool_max(x, boxes, batch, (4, 3), 1 / 16, MAX_POOL[convention])
-    assert_same(y, y_ref)
-    assert_same(am, am_ref)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
