@@ -39,14 +39,19 @@ cdef extern from "roicore_omp.h":
     void roicore_leave(int64_t* left) noexcept nogil
 
 cdef extern from "roicore_simd.h":
+    ctypedef struct roicore_pending:
+        int64_t left
+    void roicore_pending_set(roicore_pending* p, void* dst, const void* src, int64_t nbytes,
+                             int64_t steps) noexcept nogil
+    void roicore_pending_finish(roicore_pending* p) noexcept nogil
     void roicore_max_box_f32(const float* img, int64_t W, int64_t C, int64_t PH, int64_t PW,
                              const int64_t* hs, const int64_t* he, const int64_t* ws,
-                             const int64_t* we, float initial, float* acc,
-                             int32_t* arg) noexcept nogil
+                             const int64_t* we, float initial, float* acc, int32_t* arg,
+                             roicore_pending* pend, int npend) noexcept nogil
     void roicore_max_box_f64(const double* img, int64_t W, int64_t C, int64_t PH, int64_t PW,
                              const int64_t* hs, const int64_t* he, const int64_t* ws,
-                             const int64_t* we, double initial, double* acc,
-                             int32_t* arg) noexcept nogil
+                             const int64_t* we, double initial, double* acc, int32_t* arg,
+                             roicore_pending* pend, int npend) noexcept nogil
     void roicore_align_bin_f32(const float* img, int64_t W, int64_t C, int64_t gy,
                                const int64_t* ylo, const int64_t* yhi, const float* ylw,
                                const float* yhw, int64_t gx, const int64_t* xlo,
@@ -410,6 +415,11 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
     cdef index_t[:, ::1] arg_staged_buf = np.empty(
         (n_threads, P * B), np.int64 if index_t is int64_t else np.int32)
     cdef bint stream = out.size * sizeof(floating) >= STREAM_BYTES
+    # per thread: the write-outs the next task streams (see roicore_pending): values, argmax
+    cdef int64_t[:, ::1] pend_buf = np.zeros(
+        (n_threads, 2 * sizeof(roicore_pending) // sizeof(int64_t)), np.int64)
+    cdef roicore_pending* pend
+    cdef int npend
     cdef const floating* img
     cdef floating* acc
     cdef floating* staged
@@ -418,28 +428,38 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
     cdef floating* out_k
     cdef index_t* arg_k
     cdef index_t* arg_dst
+    # Tasks come from a shared counter in block-major order (consecutive tasks read the same
+    # block of the map), one at a time, so that a short last block leaves no thread idle;
+    # locals then persist from task to task, which the pending write-out needs.
+    cdef int64_t next_task = 0
     with nogil, parallel(num_threads=n_threads):
         acc = &acc_buf[omp_get_thread_num(), 0]
         staged = acc + P * B
         arg = &arg_buf[omp_get_thread_num(), 0]
         arg_staged = &arg_staged_buf[omp_get_thread_num(), 0]
-        # block-major; guided, so that a short last block does not leave a thread idle
-        for task in prange(n_cb * K, schedule="guided"):
+        pend = <roicore_pending*>&pend_buf[omp_get_thread_num(), 0]
+        npend = 0
+        task = roicore_take(&next_task)
+        while task < n_cb * K:
             cb = task // K
             k = task % K
             c0 = cb * B
             nb = min(B, C - c0)
             img = &xb[batch[k], 0, 0, 0] + c0 * HW
+            # streams out the previous task's staged blocks as it goes, and finishes them
             if floating is float:
                 roicore_max_box_f32(img, W, nb, PH, PW, &hs[k, 0], &he[k, 0], &ws[k, 0],
-                                    &we[k, 0], initial, acc, arg if want_argmax else NULL)
+                                    &we[k, 0], initial, acc, arg if want_argmax else NULL,
+                                    pend, npend)
             else:
                 roicore_max_box_f64(img, W, nb, PH, PW, &hs[k, 0], &he[k, 0], &ws[k, 0],
-                                    &we[k, 0], initial, acc, arg if want_argmax else NULL)
+                                    &we[k, 0], initial, acc, arg if want_argmax else NULL,
+                                    pend, npend)
             out_k = &out[k, c0, 0, 0]
             if stream:
                 _unpack(acc, nb, P, nb, staged, P)
-                roicore_stream_copy(out_k, staged, nb * P * sizeof(floating))
+                roicore_pending_set(&pend[0], out_k, staged, nb * P * sizeof(floating), PH)
+                npend = 1
             else:
                 _unpack(acc, nb, P, nb, out_k, P)
             if want_argmax:
@@ -449,7 +469,11 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
                 if global_index:
                     _to_global(arg_dst, nb, P, (batch[k] * C + c0) * HW, HW)
                 if stream:
-                    roicore_stream_copy(arg_k, arg_staged, nb * P * sizeof(index_t))
+                    roicore_pending_set(&pend[1], arg_k, arg_staged, nb * P * sizeof(index_t), PH)
+                    npend = 2
+            task = roicore_take(&next_task)
+        for task in range(npend):
+            roicore_pending_finish(&pend[task])
         roicore_stream_fence()
 
 

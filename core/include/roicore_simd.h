@@ -10,6 +10,7 @@
 #ifndef ROICORE_SIMD_H
 #define ROICORE_SIMD_H
 #include <stdint.h>
+#include <string.h>
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define ROICORE_CLONES __attribute__((target_clones("avx2", "default")))
@@ -27,6 +28,81 @@
 
 #define ROICORE_FOR_BOTH_TYPES(DEFINE) DEFINE(f32, float) DEFINE(f64, double)
 
+/* Output write-out.  RoI outputs are far larger than the caches (200 MB for 2000 boxes x
+ * 512 channels x 7 x 7), so a kernel that stores them normally first reads every line
+ * it writes (read-for-ownership) and fills the caches with data nobody reads soon: at
+ * C = 512 that doubled the memory traffic and cost 40 % of a RoIAlign forward.  Large
+ * outputs are therefore staged per task in a small buffer and copied out with
+ * non-temporal stores (SSE2, baseline on x86-64; a plain copy elsewhere), which go
+ * straight to memory in whole lines.  roicore_stream_fence orders them before the
+ * results are handed back. */
+#if defined(__SSE2__)
+#include <emmintrin.h>
+static inline void roicore_stream_copy(void *dst, const void *src, int64_t nbytes) {
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    int64_t head = (int64_t)(-(uintptr_t)d & 15);
+    if (head > nbytes) head = nbytes;
+    memcpy(d, s, (size_t)head);
+    d += head; s += head; nbytes -= head;
+    for (; nbytes >= 64; nbytes -= 64, d += 64, s += 64) {
+        __m128i v0 = _mm_loadu_si128((const __m128i *)s), v1 = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i v2 = _mm_loadu_si128((const __m128i *)(s + 32)), v3 = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, v0);
+        _mm_stream_si128((__m128i *)(d + 16), v1);
+        _mm_stream_si128((__m128i *)(d + 32), v2);
+        _mm_stream_si128((__m128i *)(d + 48), v3);
+    }
+    for (; nbytes >= 16; nbytes -= 16, d += 16, s += 16)
+        _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+    memcpy(d, s, (size_t)nbytes);
+}
+static inline void roicore_stream_fence(void) { _mm_sfence(); }
+#else
+static inline void roicore_stream_copy(void *dst, const void *src, int64_t nbytes) {
+    memcpy(dst, src, (size_t)nbytes);
+}
+static inline void roicore_stream_fence(void) {}
+#endif
+
+/* A write-out spread over later work.  Copied out in one go after its task, a block of
+ * output stalls the core on memory bandwidth for the length of the copy, and two threads
+ * copying at once share it: the streaming stores of one core reached 21 GB/s here, of
+ * both cores together 22 GB/s.  At c4_14x14 the max-pool forward took 135 ms at 1 thread
+ * with its 803 MB written and 97 ms without; at 2 threads 84 and 52 ms.  The next task
+ * instead streams the block in `steps` chunks as it goes (a row of bins each, in the max
+ * pool: per bin, 256-byte chunks, measured slower), which took that forward at 2 threads
+ * from 81-89 to 67-71 ms. */
+typedef struct {
+    char *dst;
+    const char *src;
+    int64_t left, chunk;
+} roicore_pending;
+
+static inline void roicore_pending_set(roicore_pending *p, void *dst, const void *src,
+                                       int64_t nbytes, int64_t steps) {
+    p->dst = (char *)dst;
+    p->src = (const char *)src;
+    p->left = nbytes;
+    /* whole lines, so that an aligned destination stays aligned chunk after chunk */
+    p->chunk = ((nbytes + steps - 1) / (steps > 0 ? steps : 1) + 63) / 64 * 64;
+    if (p->chunk < 64) p->chunk = 64;
+}
+
+static inline void roicore_pending_step(roicore_pending *p) {
+    if (p->left <= 0) return;
+    int64_t n = p->left < p->chunk ? p->left : p->chunk;
+    roicore_stream_copy(p->dst, p->src, n);
+    p->dst += n;
+    p->src += n;
+    p->left -= n;
+}
+
+static inline void roicore_pending_finish(roicore_pending *p) {
+    if (p->left > 0) roicore_stream_copy(p->dst, p->src, p->left);
+    p->left = 0;
+}
+
 /* Max pooling of one bin over the C channels of a channels-last image (W pixels per row
  * of C values: a 64-channel block of x), for the "greater" rule: each
  * channel's running maximum starts at `initial` and takes a pixel only when strictly
@@ -39,7 +115,6 @@
  * for the whole bin, so a pixel costs one load per vector and no stores; then single
  * vectors.  Selects are bitwise, so every channel follows exactly the scalar rule.  float64
  * and the last C % 8 channels use a plain per-pixel loop over the row. */
-#include <string.h>
 typedef float roicore_v8f __attribute__((vector_size(32)));
 typedef int32_t roicore_v8i __attribute__((vector_size(32)));
 typedef double roicore_v8d __attribute__((vector_size(64)));
@@ -129,13 +204,18 @@ ROICORE_INLINE void roicore_max_bin_f64(const double *img, int64_t W, int64_t C,
 /* One box: the PH x PW bins with row ranges [hs, he) and column ranges [ws, we), C
  * channels each, into acc's (bin, channel) rows of C values (and arg's, unless NULL); an
  * empty bin gets 0 and -1.  One call per box and channel block: per-bin calls into the
- * cloned function cost an indirect call each (1.6 M of them at c4_14x14). */
+ * cloned function cost an indirect call each (1.6 M of them at c4_14x14).
+ *
+ * `pend` holds up to `npend` earlier write-outs (the previous task's staged output, see
+ * roicore_pending) that the box streams a chunk of before each row of bins and finishes
+ * before it returns. */
 #define ROICORE_MAX_BOX(SUFFIX, T)                                                             \
     ROICORE_INLINE void roicore_max_bins_##SUFFIX(                                             \
         const T *img, int64_t W, int64_t C, int64_t PH, int64_t PW,                            \
         const int64_t *hs, const int64_t *he, const int64_t *ws, const int64_t *we, T initial, \
-        T *restrict acc, int32_t *restrict arg) {                                              \
-        for (int64_t ph = 0; ph < PH; ++ph)                                                    \
+        T *restrict acc, int32_t *restrict arg, roicore_pending *pend, int npend) {            \
+        for (int64_t ph = 0; ph < PH; ++ph) {                                                  \
+            for (int i = 0; i < npend; ++i) roicore_pending_step(&pend[i]);                    \
             for (int64_t pw = 0; pw < PW; ++pw) {                                              \
                 T *acc_p = acc + (ph * PW + pw) * C;                                           \
                 int32_t *arg_p = arg ? arg + (ph * PW + pw) * C : NULL;                        \
@@ -147,16 +227,20 @@ ROICORE_INLINE void roicore_max_bin_f64(const double *img, int64_t W, int64_t C,
                 roicore_max_bin_##SUFFIX(img, W, C, hs[ph], he[ph], ws[pw], we[pw],            \
                                          initial, acc_p, arg_p);                               \
             }                                                                                  \
+        }                                                                                      \
     }                                                                                          \
     ROICORE_CLONES static void roicore_max_box_##SUFFIX(                                       \
         const T *img, int64_t W, int64_t C, int64_t PH, int64_t PW,                            \
         const int64_t *hs, const int64_t *he, const int64_t *ws, const int64_t *we, T initial, \
-        T *restrict acc, int32_t *restrict arg) {                                              \
+        T *restrict acc, int32_t *restrict arg, roicore_pending *pend, int npend) {            \
         /* two inlined copies, so that the one without indices has no trace of them */     \
         if (arg)                                                                               \
-            roicore_max_bins_##SUFFIX(img, W, C, PH, PW, hs, he, ws, we, initial, acc, arg);  \
+            roicore_max_bins_##SUFFIX(img, W, C, PH, PW, hs, he, ws, we, initial, acc, arg,   \
+                                      pend, npend);                                            \
         else                                                                                   \
-            roicore_max_bins_##SUFFIX(img, W, C, PH, PW, hs, he, ws, we, initial, acc, NULL); \
+            roicore_max_bins_##SUFFIX(img, W, C, PH, PW, hs, he, ws, we, initial, acc, NULL,  \
+                                      pend, npend);                                            \
+        for (int i = 0; i < npend; ++i) roicore_pending_finish(&pend[i]);                      \
     }
 ROICORE_FOR_BOTH_TYPES(ROICORE_MAX_BOX)
 
@@ -419,42 +503,6 @@ ROICORE_TRANSPOSE(f32, float, roicore_v8f, roicore_v8i)
 ROICORE_TRANSPOSE(f64, double, roicore_v8d, roicore_v8l)
 ROICORE_TRANSPOSE(i32, int32_t, roicore_v8i, roicore_v8i)
 
-/* Output write-out.  RoI outputs are far larger than the caches (200 MB for 2000 boxes x
- * 512 channels x 7 x 7), so a kernel that stores them normally first reads every line
- * it writes (read-for-ownership) and fills the caches with data nobody reads soon: at
- * C = 512 that doubled the memory traffic and cost 40 % of a RoIAlign forward.  Large
- * outputs are therefore staged per task in a small buffer and copied out with
- * non-temporal stores (SSE2, baseline on x86-64; a plain copy elsewhere), which go
- * straight to memory in whole lines.  roicore_stream_fence orders them before the
- * results are handed back. */
-#if defined(__SSE2__)
-#include <emmintrin.h>
-static inline void roicore_stream_copy(void *dst, const void *src, int64_t nbytes) {
-    char *d = (char *)dst;
-    const char *s = (const char *)src;
-    int64_t head = (int64_t)(-(uintptr_t)d & 15);
-    if (head > nbytes) head = nbytes;
-    memcpy(d, s, (size_t)head);
-    d += head; s += head; nbytes -= head;
-    for (; nbytes >= 64; nbytes -= 64, d += 64, s += 64) {
-        __m128i v0 = _mm_loadu_si128((const __m128i *)s), v1 = _mm_loadu_si128((const __m128i *)(s + 16));
-        __m128i v2 = _mm_loadu_si128((const __m128i *)(s + 32)), v3 = _mm_loadu_si128((const __m128i *)(s + 48));
-        _mm_stream_si128((__m128i *)d, v0);
-        _mm_stream_si128((__m128i *)(d + 16), v1);
-        _mm_stream_si128((__m128i *)(d + 32), v2);
-        _mm_stream_si128((__m128i *)(d + 48), v3);
-    }
-    for (; nbytes >= 16; nbytes -= 16, d += 16, s += 16)
-        _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
-    memcpy(d, s, (size_t)nbytes);
-}
-static inline void roicore_stream_fence(void) { _mm_sfence(); }
-#else
-static inline void roicore_stream_copy(void *dst, const void *src, int64_t nbytes) {
-    memcpy(dst, src, (size_t)nbytes);
-}
-static inline void roicore_stream_fence(void) {}
-#endif
 
 /* Argmax planes to flat indices into x: `rows` planes of n indices, plane r shifted by
  * base + r * step; -1 (no pixel) stays.  A select, so it vectorises: MXNet's global
