@@ -296,10 +296,12 @@ ROICORE_FOR_BOTH_TYPES(ROICORE_ALIGN_BIN)
     ROICORE_CLONES static void roicore_align_box_##SUFFIX(                                     \
         const T *img, int64_t W, int64_t PH, int64_t PW, int64_t gy, const int64_t *ylo,       \
         const int64_t *yhi, const T *ylw, const T *yhw, int64_t gx, const int64_t *xlo,        \
-        const int64_t *xhi, const T *xlw, const T *xhw, T norm, int divide, T *restrict out) { \
+        const int64_t *xhi, const T *xlw, const T *xhw, T norm, int divide, T *restrict out,   \
+        roicore_pending *pend, int npend) {                                                    \
         enum { LANES = sizeof(VT) / sizeof(T), L = 8 * LANES };                                \
         typedef VT VTu __attribute__((aligned(sizeof(T))));                                    \
-        for (int64_t ph = 0; ph < PH; ++ph)                                                    \
+        for (int64_t ph = 0; ph < PH; ++ph) {                                                  \
+            for (int i = 0; i < npend; ++i) roicore_pending_step(&pend[i]);                    \
             for (int64_t pw = 0; pw < PW; ++pw) {                                              \
                 VT acc[8];                                                                     \
                 for (int q = 0; q < 8; ++q) acc[q] = (VT){0};                                  \
@@ -329,6 +331,8 @@ ROICORE_FOR_BOTH_TYPES(ROICORE_ALIGN_BIN)
                 _Pragma("GCC unroll 8")                                                        \
                 for (int q = 0; q < 8; ++q) o[q] = divide ? acc[q] / norm : acc[q] * norm;     \
             }                                                                                  \
+        }                                                                                      \
+        for (int i = 0; i < npend; ++i) roicore_pending_finish(&pend[i]);                      \
     }
 ROICORE_ALIGN_BOX(f32, float, roicore_v8f)
 ROICORE_ALIGN_BOX(f64, double, roicore_v4d)
