@@ -320,17 +320,52 @@ def run_scaling(args, names, ops, directions, scale, t_start):
         for w in workers.values():
             w.close()
     scaling = scaling_rows(rows, threads, scale)
+    log("measuring memory bandwidth")
+    bandwidth = memory_bandwidth(counts, args.repeats)
     report = dict(command="bench", mode="scaling", environment=env, threads=threads,
                   thread_counts=list(counts), repeats=args.repeats, scale=scale,
                   workloads=_workload_shapes(names, scale), frameworks=fw_info,
                   target=dict(speedup=SCALING_TARGET, threads=SCALING_TARGET_THREADS,
                               workloads=list(LARGE_WORKLOADS)),
-                  results=rows, scaling=scaling, errors=errors,
+                  results=rows, scaling=scaling, bandwidth=bandwidth, errors=errors,
                   seconds=time.monotonic() - t_start)
     print_scaling(report)
     if args.json:
         write_json(args.json, report)
     return 0 if fw_info["roicore"]["status"] != "failed" and not errors else 1
+
+
+# What a pass that only moves memory gets from more threads: the ceiling for the passes
+# bound by bandwidth (the forwards' write-out of outputs far larger than the caches, the
+# max-pool backward's reads of gradient and argmax).  On these VMs it also moves from hour
+# to hour (streaming stores at 2 threads: 22 GB/s in one run, 37 GB/s in another), so
+# the bench measures it next to the speedups it bounds.
+BANDWIDTH_BYTES = 256 << 20
+BANDWIDTH_KINDS = (("streaming stores", 0), ("plain stores", 1), ("reads", 2))
+
+
+def memory_bandwidth(counts, repeats, nbytes=BANDWIDTH_BYTES):
+    """GB/s of one pass over `nbytes` (far more than the caches hold) for each kind in
+    BANDWIDTH_KINDS at each thread count (roicore.core's bandwidth_probe), interleaved
+    rounds, medians."""
+    import numpy as np
+    from roicore.core import _kernels
+    buf = np.ones(nbytes, np.uint8)  # touched, so no pass pays its page faults
+    times = {(kind, n): [] for kind, _ in BANDWIDTH_KINDS for n in counts}
+    for _ in range(max(repeats, 3)):
+        for kind, mode in BANDWIDTH_KINDS:
+            for n in counts:
+                t0 = time.perf_counter()
+                _kernels.bandwidth_probe(buf, mode, n)
+                times[(kind, n)].append(time.perf_counter() - t0)
+    rows = []
+    for kind, _ in BANDWIDTH_KINDS:
+        gbps = [nbytes / statistics.median(times[(kind, n)]) / 1e9 for n in counts]
+        rows.append(dict(kind=kind, bytes=nbytes, threads=list(counts),
+                         gb_per_s=[round(g, 2) for g in gbps],
+                         speedup=round(gbps[-1] / gbps[0], 3),
+                         times_ms=[[_ms(t) for t in times[(kind, n)]] for n in counts]))
+    return rows
 
 
 def _note(text):
@@ -386,6 +421,16 @@ def print_scaling(report):
                f"it is set for {t['threads']} threads" if n != t["threads"] else
                "neither workload ran")
         _note(f"{goal}: not evaluated on this run ({why})")
+    bw = report.get("bandwidth")
+    if bw:
+        print()
+        print(table([f"memory bandwidth, GB/s ({bw[0]['bytes'] >> 20} MB pass)", "1 thr",
+                     f"{n} thr", "speedup"],
+                    [[b["kind"], f"{b['gb_per_s'][0]:.1f}", f"{b['gb_per_s'][-1]:.1f}",
+                      f"{b['speedup']:.2f}x"] for b in bw], "lrrr"))
+        print()
+        _note("the forwards write outputs of 8 MB or more with streaming stores; a pass bound "
+              "by one of these kinds of traffic cannot scale beyond its speedup above")
     for e in report["errors"]:
         print(f"  error: {e['framework']} {e['workload']} {e.get('what', '')}: {e['error'][:200]}")
     i = report["frameworks"]["roicore"]

@@ -23,7 +23,7 @@ from cython cimport floating
 from cython.parallel cimport parallel, prange
 from libc.math cimport floor, ceil, round, fma, fmaf, NAN
 from libc.stdint cimport int32_t, int64_t
-from libc.string cimport memset
+from libc.string cimport memcpy, memset
 
 import numpy as np
 
@@ -173,6 +173,50 @@ def openmp_enabled():
 def omp_max_threads():
     """``omp_get_max_threads()`` (1 without OpenMP): follows OMP_NUM_THREADS and threadpoolctl."""
     return omp_get_max_threads()
+
+
+cdef enum:
+    PROBE_STREAM = 0  # bandwidth_probe modes
+    PROBE_STORE = 1
+    PROBE_READ = 2
+
+
+def bandwidth_probe(unsigned char[::1] buf, int mode, int n_threads):
+    """One pass over `buf`, each of n_threads threads over its contiguous share: mode 0
+    writes it with non-temporal stores (as the forwards write large outputs, see
+    roicore_stream_copy), 1 with plain stores, 2 reads it.  ``roicore bench --scaling``
+    times it at 1 and N threads: the machine's memory bandwidth, which bounds how far a
+    bandwidth-bound pass can scale.  Returns a checksum of what a read saw (0 otherwise),
+    so that the reads cannot be optimised away."""
+    cdef Py_ssize_t n = buf.shape[0], t, lo, hi, i
+    # random bytes: on these VMs pages of zeros were written almost twice as fast (37 GB/s
+    # from one core against 22), which no pooled output would see
+    cdef unsigned char[:, ::1] src = np.random.default_rng(0).integers(
+        1, 256, (max(n_threads, 1), 4096), np.uint8)
+    cdef int64_t total = 0, part
+    cdef const int64_t* words
+    if n == 0:
+        return 0
+    with nogil:
+        for t in prange(n_threads, num_threads=n_threads, schedule="static"):
+            lo = n * t // n_threads // 64 * 64
+            hi = n if t == n_threads - 1 else n * (t + 1) // n_threads // 64 * 64
+            if mode == PROBE_STREAM or mode == PROBE_STORE:
+                i = lo
+                while i < hi:
+                    if mode == PROBE_STREAM:
+                        roicore_stream_copy(&buf[i], &src[t, 0], min(<Py_ssize_t>4096, hi - i))
+                    else:
+                        memcpy(&buf[i], &src[t, 0], min(<Py_ssize_t>4096, hi - i))
+                    i = i + 4096
+            else:
+                words = <const int64_t*>&buf[lo]
+                part = 0
+                for i in range((hi - lo) // 8):
+                    part = part + words[i]
+                total += part
+        roicore_stream_fence()
+    return total
 
 
 cdef inline object _dtype(floating witness):

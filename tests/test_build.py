@@ -263,3 +263,19 @@ def test_tables_are_distinct_where_frameworks_differ():
 def test_conventions_module_exports():
     for name in conventions.__all__:
         assert hasattr(conventions, name), name
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+@pytest.mark.parametrize("nbytes", [8, 64, 4096, 4104, 100_000, (1 << 20) + 24])
+def test_bandwidth_probe_passes_over_the_whole_buffer(nbytes, n_threads):
+    """The probe behind ``roicore bench --scaling``'s memory-bandwidth table: its stores
+    write every byte (non-zero bytes, over a zeroed buffer) and its read sees every word,
+    whatever the buffer size and thread count."""
+    from roicore.core import _kernels
+    buf = np.zeros(nbytes, np.uint8)
+    for mode in (0, 1):                       # streaming stores, plain stores
+        buf[:] = 0
+        assert _kernels.bandwidth_probe(buf, mode, n_threads) == 0
+        assert buf.all(), f"mode {mode} left {np.count_nonzero(buf == 0)} bytes unwritten"
+    buf[:] = np.random.default_rng(nbytes).integers(0, 256, nbytes, np.uint8)
+    assert _kernels.bandwidth_probe(buf, 2, n_threads) == buf.view(np.int64).sum()

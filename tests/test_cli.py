@@ -8,6 +8,7 @@ import importlib.util
 import io
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -342,6 +343,16 @@ def test_bench_scaling_quick(scaling_quick):
     out = " ".join(proc.stdout.split())      # notes are wrapped
     assert "speedup" in out and "ns/elem 2 thr" in out and "extra MB" in out
     assert "not evaluated on this run" in out and "MISSED" not in out
+    # the memory bandwidth the speedups are bounded by, at both thread counts
+    bw = {b["kind"]: b for b in report["bandwidth"]}
+    assert list(bw) == ["streaming stores", "plain stores", "reads"]
+    for kind, b in bw.items():
+        assert b["threads"] == [1, 2] and b["bytes"] == 256 << 20
+        assert all(len(t) == 3 and all(v > 0 for v in t) for t in b["times_ms"])
+        assert all(g == pytest.approx(b["bytes"] / statistics.median(t) / 1e6, rel=1e-3)
+                   for g, t in zip(b["gb_per_s"], b["times_ms"]))
+        assert b["speedup"] == pytest.approx(b["gb_per_s"][1] / b["gb_per_s"][0], rel=1e-2)
+        assert f"{kind} {b['gb_per_s'][0]:.1f} {b['gb_per_s'][1]:.1f}" in out
 
 
 def test_bench_scaling_memory_grows_with_the_workload(scaling_quick, tmp_path):
