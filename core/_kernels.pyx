@@ -43,7 +43,7 @@ cdef extern from "roicore_simd.h":
         int64_t left
     void roicore_pending_set(roicore_pending* p, void* dst, const void* src, int64_t nbytes,
                              int64_t steps) noexcept nogil
-    void roicore_pending_finish(roicore_pending* p) noexcept nogil
+    void roicore_pending_finish_all(roicore_pending* p, int n) noexcept nogil
     void roicore_max_box_f32(const float* img, int64_t W, int64_t C, int64_t PH, int64_t PW,
                              const int64_t* hs, const int64_t* he, const int64_t* ws,
                              const int64_t* we, float initial, float* acc, int32_t* arg,
@@ -518,8 +518,7 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
                     roicore_pending_set(&pend[1], arg_k, arg_staged, nb * P * sizeof(index_t), PH)
                     npend = 2
             task = roicore_take(&next_task)
-        for task in range(npend):
-            roicore_pending_finish(&pend[task])
+        roicore_pending_finish_all(pend, npend)  # the last task's blocks
         roicore_stream_fence()
 
 
@@ -1165,9 +1164,8 @@ def roi_align_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
                     roicore_align_box_f64(img, W, PH, PW, gy, &ylo[jy], &yhi[jy], &ylw[jy], &yhw[jy],
                                           gx, &xlo[jx], &xhi[jx], &xlw[jx], &xhw[jx], norm, divide, acc,
                                           pend, npend)
-            else:
-                if npend:
-                    roicore_pending_finish(pend)
+            else:  # the pending block leaves before its staging buffer is reused
+                roicore_pending_finish_all(pend, npend)
                 for ph in range(PH):
                     jy = yoff[k] + ph * gy
                     for pw in range(PW):
@@ -1182,8 +1180,7 @@ def roi_align_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
             else:
                 _unpack(acc, nb, P, nb, out_k, P)
             task = roicore_take(&next_task)
-        if npend:
-            roicore_pending_finish(pend)
+        roicore_pending_finish_all(pend, npend)  # the last task's block
         roicore_stream_fence()
 
 

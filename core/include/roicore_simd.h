@@ -103,6 +103,10 @@ static inline void roicore_pending_finish(roicore_pending *p) {
     p->left = 0;
 }
 
+static inline void roicore_pending_finish_all(roicore_pending *p, int n) {
+    for (int i = 0; i < n; ++i) roicore_pending_finish(&p[i]);
+}
+
 /* Max pooling of one bin over the C channels of a channels-last image (W pixels per row
  * of C values: a 64-channel block of x), for the "greater" rule: each
  * channel's running maximum starts at `initial` and takes a pixel only when strictly
@@ -240,7 +244,7 @@ ROICORE_INLINE void roicore_max_bin_f64(const double *img, int64_t W, int64_t C,
         else                                                                                   \
             roicore_max_bins_##SUFFIX(img, W, C, PH, PW, hs, he, ws, we, initial, acc, NULL,  \
                                       pend, npend);                                            \
-        for (int i = 0; i < npend; ++i) roicore_pending_finish(&pend[i]);                      \
+        roicore_pending_finish_all(pend, npend);                                               \
     }
 ROICORE_FOR_BOTH_TYPES(ROICORE_MAX_BOX)
 
@@ -332,7 +336,7 @@ ROICORE_FOR_BOTH_TYPES(ROICORE_ALIGN_BIN)
                 for (int q = 0; q < 8; ++q) o[q] = divide ? acc[q] / norm : acc[q] * norm;     \
             }                                                                                  \
         }                                                                                      \
-        for (int i = 0; i < npend; ++i) roicore_pending_finish(&pend[i]);                      \
+        roicore_pending_finish_all(pend, npend);                                               \
     }
 ROICORE_ALIGN_BOX(f32, float, roicore_v8f)
 ROICORE_ALIGN_BOX(f64, double, roicore_v4d)
