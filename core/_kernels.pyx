@@ -445,8 +445,8 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
     B = 64 floats or 32 doubles, as RoIAlign's): each bin's running maxima over the block
     are accumulated in a thread-local (bin, channel) buffer, which is then transposed into
     the output's contiguous (channel, bin) block, through a staging buffer and
-    non-temporal stores when the output is large (see roicore_stream_copy); the argmax
-    likewise.  Whole-box buffers over all channels were 1.6 MB at c4_14x14 (1024 channels
+    non-temporal stores when the output is large (see roicore_stream_copy), streamed during
+    the thread's next task (roicore_pending); the argmax likewise.  Whole-box buffers over all channels were 1.6 MB at c4_14x14 (1024 channels
     x 14 x 14 bins, values and indices), so the transposes read them back from L3; a
     block's are 100 KB and stay in L2.  Tasks run block-major, so a thread's consecutive
     tasks read the same block of the map."""

@@ -84,8 +84,9 @@ static inline void roicore_pending_set(roicore_pending *p, void *dst, const void
     p->dst = (char *)dst;
     p->src = (const char *)src;
     p->left = nbytes;
+    if (steps < 1) steps = 1;
     /* whole lines, so that an aligned destination stays aligned chunk after chunk */
-    p->chunk = ((nbytes + steps - 1) / (steps > 0 ? steps : 1) + 63) / 64 * 64;
+    p->chunk = ((nbytes + steps - 1) / steps + 63) / 64 * 64;
     if (p->chunk < 64) p->chunk = 64;
 }
 
@@ -96,6 +97,10 @@ static inline void roicore_pending_step(roicore_pending *p) {
     p->dst += n;
     p->src += n;
     p->left -= n;
+}
+
+static inline void roicore_pending_step_all(roicore_pending *p, int n) {
+    for (int i = 0; i < n; ++i) roicore_pending_step(&p[i]);
 }
 
 static inline void roicore_pending_finish(roicore_pending *p) {
@@ -219,7 +224,7 @@ ROICORE_INLINE void roicore_max_bin_f64(const double *img, int64_t W, int64_t C,
         const int64_t *hs, const int64_t *he, const int64_t *ws, const int64_t *we, T initial, \
         T *restrict acc, int32_t *restrict arg, roicore_pending *pend, int npend) {            \
         for (int64_t ph = 0; ph < PH; ++ph) {                                                  \
-            for (int i = 0; i < npend; ++i) roicore_pending_step(&pend[i]);                    \
+            roicore_pending_step_all(pend, npend);                                             \
             for (int64_t pw = 0; pw < PW; ++pw) {                                              \
                 T *acc_p = acc + (ph * PW + pw) * C;                                           \
                 int32_t *arg_p = arg ? arg + (ph * PW + pw) * C : NULL;                        \
@@ -305,7 +310,7 @@ ROICORE_FOR_BOTH_TYPES(ROICORE_ALIGN_BIN)
         enum { LANES = sizeof(VT) / sizeof(T), L = 8 * LANES };                                \
         typedef VT VTu __attribute__((aligned(sizeof(T))));                                    \
         for (int64_t ph = 0; ph < PH; ++ph) {                                                  \
-            for (int i = 0; i < npend; ++i) roicore_pending_step(&pend[i]);                    \
+            roicore_pending_step_all(pend, npend);                                             \
             for (int64_t pw = 0; pw < PW; ++pw) {                                              \
                 VT acc[8];                                                                     \
                 for (int q = 0; q < 8; ++q) acc[q] = (VT){0};                                  \
