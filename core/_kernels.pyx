@@ -1145,40 +1145,39 @@ def roi_align_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
             if gy <= 0 or gx <= 0:
                 for p in range(nb * P):
                     out_k[p] = NAN if empty_nan else 0  # Paddle: an empty sum times 1/0
-                task = roicore_take(&next_task)
-                continue
-            if divide:
-                norm = <floating>(gy * gx)
-            else:  # Paddle multiplies by the reciprocal, computed in double
-                norm = <floating>(1.0 / <double>(gy * gx))
-            img = &xb[batch[k], 0, 0, 0] + c0 * HW
-            if nb == B:
-                # streams out the previous task's staged block as it goes, and finishes it
-                jy = yoff[k]
-                jx = xoff[k]
-                if floating is float:
-                    roicore_align_box_f32(img, W, PH, PW, gy, &ylo[jy], &yhi[jy], &ylw[jy], &yhw[jy],
-                                          gx, &xlo[jx], &xhi[jx], &xlw[jx], &xhw[jx], norm, divide, acc,
-                                          pend, npend)
-                else:
-                    roicore_align_box_f64(img, W, PH, PW, gy, &ylo[jy], &yhi[jy], &ylw[jy], &yhw[jy],
-                                          gx, &xlo[jx], &xhi[jx], &xlw[jx], &xhw[jx], norm, divide, acc,
-                                          pend, npend)
-            else:  # the pending block leaves before its staging buffer is reused
-                roicore_pending_finish_all(pend, npend)
-                for ph in range(PH):
-                    jy = yoff[k] + ph * gy
-                    for pw in range(PW):
-                        jx = xoff[k] + pw * gx
-                        _align_bin(img, W, nb, gy, &ylo[jy], &yhi[jy], &ylw[jy],
-                                   &yhw[jy], gx, &xlo[jx], &xhi[jx], &xlw[jx], &xhw[jx], norm,
-                                   divide, acc + (ph * PW + pw) * nb)
-            if stream:
-                _unpack(acc, nb, P, nb, staged, P)
-                roicore_pending_set(pend, out_k, staged, nb * P * sizeof(floating), PH)
-                npend = 1
             else:
-                _unpack(acc, nb, P, nb, out_k, P)
+                if divide:
+                    norm = <floating>(gy * gx)
+                else:  # Paddle multiplies by the reciprocal, computed in double
+                    norm = <floating>(1.0 / <double>(gy * gx))
+                img = &xb[batch[k], 0, 0, 0] + c0 * HW
+                if nb == B:
+                    # streams out the previous task's staged block as it goes, and finishes it
+                    jy = yoff[k]
+                    jx = xoff[k]
+                    if floating is float:
+                        roicore_align_box_f32(img, W, PH, PW, gy, &ylo[jy], &yhi[jy], &ylw[jy],
+                                              &yhw[jy], gx, &xlo[jx], &xhi[jx], &xlw[jx], &xhw[jx],
+                                              norm, divide, acc, pend, npend)
+                    else:
+                        roicore_align_box_f64(img, W, PH, PW, gy, &ylo[jy], &yhi[jy], &ylw[jy],
+                                              &yhw[jy], gx, &xlo[jx], &xhi[jx], &xlw[jx], &xhw[jx],
+                                              norm, divide, acc, pend, npend)
+                else:  # the pending block leaves before its staging buffer is reused
+                    roicore_pending_finish_all(pend, npend)
+                    for ph in range(PH):
+                        jy = yoff[k] + ph * gy
+                        for pw in range(PW):
+                            jx = xoff[k] + pw * gx
+                            _align_bin(img, W, nb, gy, &ylo[jy], &yhi[jy], &ylw[jy],
+                                       &yhw[jy], gx, &xlo[jx], &xhi[jx], &xlw[jx], &xhw[jx],
+                                       norm, divide, acc + (ph * PW + pw) * nb)
+                if stream:
+                    _unpack(acc, nb, P, nb, staged, P)
+                    roicore_pending_set(pend, out_k, staged, nb * P * sizeof(floating), PH)
+                    npend = 1
+                else:
+                    _unpack(acc, nb, P, nb, out_k, P)
             task = roicore_take(&next_task)
         roicore_pending_finish_all(pend, npend)  # the last task's block
         roicore_stream_fence()
