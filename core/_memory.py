@@ -57,7 +57,7 @@ def _default_limit():
 def aligned_empty(nbytes):
     """A fresh uint8 array of ``nbytes``, its data ALIGNMENT-byte aligned."""
     raw = np.empty(nbytes + ALIGNMENT, np.uint8)
-    start = -raw.ctypes.data % ALIGNMENT
+    start = -raw.__array_interface__["data"][0] % ALIGNMENT  # (.ctypes runs Python code)
     return raw[start:start + nbytes]
 
 
@@ -93,10 +93,10 @@ class OutputCache:
     def empty(self, shape, dtype):
         """An uninitialised C-contiguous array, 64-byte aligned; from the cache if large."""
         dtype = np.dtype(dtype)
-        shape = tuple(int(s) for s in shape)
         nbytes = dtype.itemsize * math.prod(shape)
         if nbytes < self.min_bytes or nbytes > self._limit:
             return aligned_empty(nbytes).view(dtype).reshape(shape)
+        shape = tuple(int(s) for s in shape)  # for the lease's array interface
         with self._lock:
             self._collect()
             block = self._take(nbytes)

@@ -37,11 +37,11 @@ def effective_n_threads(n_threads=None) -> int:
             raise ValueError(f"n_threads must be at most {MAX_THREADS}, got {n_threads}")
     if not openmp_enabled():
         return 1
-    cpus = _cpu_count()
+    # (the CPU count is a system call: only the cases that need it ask)
     if n_threads is None:
-        return max(1, min(omp_max_threads(), cpus))
+        return max(1, min(omp_max_threads(), _cpu_count()))
     if n_threads < 0:
-        return max(1, cpus + 1 + n_threads)
+        return max(1, _cpu_count() + 1 + n_threads)
     return n_threads
 
 

@@ -12,7 +12,7 @@ import operator
 
 import numpy as np
 
-from . import _memory
+from . import _kernels, _memory
 
 # Scaled box coordinates must stay within +-2**24 feature-map pixels: float32 stops
 # representing every integer there, and beyond 2**31 the frameworks' float-to-int
@@ -170,20 +170,30 @@ def boxes_and_batch(boxes, batch_indices, n_images, dtype, name="boxes"):
                              f"{name}, got {b.shape}")
         raw, batch_name = b, "batch_indices"
         coords = arr
-    # Compare the values as given (before any cast can wrap them) and report them so.
-    if raw.size and (raw.min() < 0 or raw.max() >= n_images):
-        k = int(np.flatnonzero((raw < 0) | (raw >= n_images))[0])
-        value = raw[k].item()
-        value = int(value) if float(value).is_integer() and abs(value) < 2**63 else value
-        raise ValueError(f"{batch_name}[{k}] = {value} is out of range for a feature "
-                         f"map with N={n_images} images (expected 0 <= index < {n_images})")
+    # A float column is range-checked before its cast (out-of-range floats have no int64);
+    # an integer cast may wrap (uint64), which the check after it catches.  Always a copy:
+    # the kernels index images with it, so no caller's array (an out= aliasing it) may
+    # change it under them.
+    if raw.dtype.kind == "f" and raw.size and not (raw.min() >= 0 and raw.max() < n_images):
+        _batch_out_of_range(raw, batch_name, n_images)
     batch = raw.astype(np.int64)
+    if not _kernels.batch_in_range(batch, n_images):
+        _batch_out_of_range(raw, batch_name, n_images)
     coords = np.ascontiguousarray(coords, dtype=dtype)
-    if not np.isfinite(coords).all():
+    if _kernels.box_reach(coords) == math.inf:
         k, j = (int(i[0]) for i in np.nonzero(~np.isfinite(coords)))
         raise ValueError(f"{name} coordinates must be finite, got {coords[k, j]} "
                          f"in box {k}")
-    return coords, np.ascontiguousarray(batch)
+    return coords, batch
+
+
+def _batch_out_of_range(raw, batch_name, n_images):
+    """Raise for the first index outside [0, n_images), as given (before any cast)."""
+    k = int(np.flatnonzero((raw < 0) | (raw >= n_images))[0])
+    value = raw[k].item()
+    value = int(value) if float(value).is_integer() and abs(value) < 2**63 else value
+    raise ValueError(f"{batch_name}[{k}] = {value} is out of range for a feature "
+                     f"map with N={n_images} images (expected 0 <= index < {n_images})")
 
 
 def coordinate_range(coords, scale_x, scale_y, name="boxes"):
@@ -193,7 +203,7 @@ def coordinate_range(coords, scale_x, scale_y, name="boxes"):
     # One reduction decides the common case (half the limit leaves room for the rounding
     # of the product); the per-column check only runs, to find and report the culprit,
     # when the largest coordinate might be too far.
-    if float(np.abs(coords).max()) * max(abs(scale_x), abs(scale_y)) <= MAX_SCALED_COORD / 2:
+    if _kernels.box_reach(coords) * max(abs(scale_x), abs(scale_y)) <= MAX_SCALED_COORD / 2:
         return
     reach = np.abs(coords.astype(np.float64)) * np.array([scale_x, scale_y, scale_x, scale_y])
     if not reach.max() <= MAX_SCALED_COORD:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import roicore.core as rc
-from roicore.core import ops
+from roicore.core import _kernels, ops
 from roicore.core.conventions import (
     BILINEAR_POOL, MAX_POOL, PSROI_POOL, ROI_ALIGN,
 )
@@ -311,6 +311,29 @@ class TestBoxes:
 
 
 @pytest.mark.usefixtures("no_kernels")
+class TestScans:
+    """The C scans behind the box checks' common case agree with NumPy on every position."""
+
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+    @pytest.mark.parametrize("k", [0, 1, 7])
+    def test_box_reach(self, dtype, k):
+        coords = np.random.default_rng(k).uniform(-1e6, 1e6, (k, 4)).astype(dtype)
+        assert _kernels.box_reach(coords) == (np.abs(coords).max() if k else 0)
+        for i in range(coords.size):
+            for value in (np.nan, np.inf, -np.inf):
+                assert _kernels.box_reach(with_value(coords, np.unravel_index(i, coords.shape),
+                                                     value)) == np.inf
+
+    def test_batch_in_range(self):
+        assert _kernels.batch_in_range(np.zeros(0, np.int64), 0)
+        batch = np.array([0, 2, 1, 2], np.int64)
+        assert _kernels.batch_in_range(batch, 3)
+        assert not _kernels.batch_in_range(batch, 2)
+        for i in range(batch.size):
+            for value in (-1, 3, np.iinfo(np.int64).min, np.iinfo(np.int64).max):
+                assert not _kernels.batch_in_range(with_value(batch, i, value), 3)
+
+
 class TestBatch:
     @pytest.mark.parametrize("op", ALL_OPS)
     def test_batch_column_and_batch_indices(self, op):
