@@ -426,18 +426,24 @@ def test_roi_pool_backward_in_several_passes_over_the_boxes(dtype, convention):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_psroi_pool_many_output_channels(dtype):
-    """37 output channels: the forward sums 4 vectors of channels at a time, then single
-    vectors (the small hypothesis cases only reach the latter)."""
-    x, boxes, batch = _large_case(dtype, 8, channels=37 * 4)
+@pytest.mark.parametrize("group", [None, 1])
+@pytest.mark.parametrize("D", [9, 21, 29, 37])
+def test_psroi_pool_many_output_channels(dtype, group, D):
+    """Channel counts beyond the hypothesis cases' 1-3: the forward's bins sum 2, 3, 4 or 6
+    vectors of channels in code compiled for that count (D = 9, 21, 29; 21 in float64), and
+    any other count (37; 29 in float64) 4 vectors at a time and then single ones; group
+    1 puts all 4 bins of a box in one group cell, group None one bin in each."""
+    x, boxes, batch = _large_case(dtype, 8, channels=D * (1 if group else 4))
     boxes[0] = [-40, -40, 500, 480]   # bins clamped at the map's edges
     boxes[1] = [30, 30, 20, 20]       # a box with negative width
-    y = rc.psroi_pool(x, boxes, 2, 1 / 16, batch_indices=batch)
-    assert_same(y, ref.psroi_pool(x, boxes, batch, 37, 2, 1 / 16, PSROI_POOL["paddle"]))
+    rules = PSROI_POOL["mxnet"]
+    y = rc.psroi_pool(x, boxes, 2, 1 / 16, batch_indices=batch, group_size=group,
+                      convention="mxnet")
+    assert_same(y, ref.psroi_pool(x, boxes, batch, D, 2, 1 / 16, rules, group))
     g = np.random.default_rng(3).standard_normal(y.shape).astype(dtype)
-    dx = rc.psroi_pool_backward(g, boxes, x.shape, 1 / 16, batch_indices=batch)
-    assert_same(dx, ref.psroi_pool_backward(g, boxes, batch, x.shape, 2, 1 / 16,
-                                            PSROI_POOL["paddle"]))
+    dx = rc.psroi_pool_backward(g, boxes, x.shape, 1 / 16, batch_indices=batch,
+                                group_size=group, convention="mxnet")
+    assert_same(dx, ref.psroi_pool_backward(g, boxes, batch, x.shape, 2, 1 / 16, rules, group))
 
 
 def test_large_outputs_have_the_same_bits_as_small_ones():

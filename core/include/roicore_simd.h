@@ -638,18 +638,67 @@ typedef struct {
                 BODY                                                                           \
             }
 
-#define ROICORE_PS_CELL_MEAN(SUFFIX, T)                                                        \
+/* The same with a loop of its own for cells of one bin per box (the group is the pooled
+ * size, as in R-FCN and always in Paddle).  The forward's bins took 224 us this way
+ * against 284 us in the nested loops (300 x 49 bins, 1 thread); the backward's slab adds
+ * were 4 % slower, so they keep the nested loops. */
+#define ROICORE_PS_CELL_LOOP_SPLIT(BODY)                                                       \
+    if (c->r1[cell / c->GW] - c->r0[cell / c->GW] == 1 &&                                      \
+        c->q1[cell % c->GW] - c->q0[cell % c->GW] == 1) {                                      \
+        const int64_t ph0 = c->r0[cell / c->GW], pw0 = c->q0[cell % c->GW];                    \
+        const int64_t ph = ph0, pw = pw0, pw1 = pw0 + 1;                                       \
+        for (int64_t k = 0; k < c->K; ++k) {                                                   \
+            const int64_t h0 = c->hs[k * c->PH + ph], h1 = c->he[k * c->PH + ph];              \
+            const int64_t w0 = c->ws[k * c->PW + pw], w1 = c->we[k * c->PW + pw];              \
+            BODY                                                                               \
+        }                                                                                      \
+    } else {                                                                                   \
+        ROICORE_PS_CELL_LOOP(BODY)                                                             \
+    }
+
+/* The forward's bins with S = NV vectors of channels, NV fixed at compile time: one pass
+ * of NV sums per bin and nothing else.  Through roicore_region_mean, whose vector count is
+ * chosen per bin, R-FCN's 300 x 49 bins took 284 us at 1 thread; this way, 203 us. */
+#define ROICORE_PS_BIN_MEAN(T, VT, NV)                                                         \
+    {                                                                                          \
+        typedef VT VTu __attribute__((aligned(sizeof(T))));                                    \
+        const T *img = slab + c->batch[k] * img_size;                                          \
+        VTu *o = (VTu *)(dst + (k * M + (ph - ph0) * (pw1 - pw0) + (pw - pw0)) * S);           \
+        if (h1 <= h0 || w1 <= w0) {                                                            \
+            for (int q = 0; q < NV; ++q) o[q] = (VT){0};                                       \
+        } else {                                                                               \
+            const T area = (T)((h1 - h0) * (w1 - w0));                                         \
+            VT acc[NV];                                                                        \
+            for (int q = 0; q < NV; ++q) acc[q] = (VT){0};                                     \
+            for (int64_t h = h0; h < h1; ++h)                                                  \
+                for (int64_t w = w0; w < w1; ++w) {                                            \
+                    const VTu *r = (const VTu *)(img + (h * W + w) * S);                       \
+                    for (int q = 0; q < NV; ++q) acc[q] = acc[q] + r[q];                       \
+                }                                                                              \
+            for (int q = 0; q < NV; ++q) o[q] = acc[q] / area;                                 \
+        }                                                                                      \
+    }
+
+#define ROICORE_PS_CELL_MEAN(SUFFIX, T, VT)                                                    \
     ROICORE_CLONES static void roicore_ps_cell_mean_##SUFFIX(const roicore_ps_plan *c,         \
                                                               int64_t cell, const T *slab,     \
                                                               int64_t img_size, int64_t W,     \
                                                               int64_t S, int64_t M,            \
                                                               T *restrict dst) {               \
-        ROICORE_PS_CELL_LOOP(                                                                  \
+        switch (S / (int64_t)(sizeof(VT) / sizeof(T))) {                                       \
+        case 1: { ROICORE_PS_CELL_LOOP_SPLIT(ROICORE_PS_BIN_MEAN(T, VT, 1)) return; }          \
+        case 2: { ROICORE_PS_CELL_LOOP_SPLIT(ROICORE_PS_BIN_MEAN(T, VT, 2)) return; }          \
+        case 3: { ROICORE_PS_CELL_LOOP_SPLIT(ROICORE_PS_BIN_MEAN(T, VT, 3)) return; }          \
+        case 4: { ROICORE_PS_CELL_LOOP_SPLIT(ROICORE_PS_BIN_MEAN(T, VT, 4)) return; }          \
+        case 6: { ROICORE_PS_CELL_LOOP_SPLIT(ROICORE_PS_BIN_MEAN(T, VT, 6)) return; }          \
+        }                                                                                      \
+        ROICORE_PS_CELL_LOOP_SPLIT(                                                            \
             T *o = dst + (k * M + (ph - ph0) * (pw1 - pw0) + (pw - pw0)) * S;                  \
             roicore_region_mean_##SUFFIX(slab + c->batch[k] * img_size, W, S, h0, h1, w0, w1,  \
                                          S, o);)                                               \
     }
-ROICORE_FOR_BOTH_TYPES(ROICORE_PS_CELL_MEAN)
+ROICORE_PS_CELL_MEAN(f32, float, roicore_v8f)
+ROICORE_PS_CELL_MEAN(f64, double, roicore_v4d)
 
 #define ROICORE_PS_CELL_ADD(SUFFIX, T)                                                         \
     ROICORE_CLONES static void roicore_ps_cell_add_##SUFFIX(const roicore_ps_plan *c,          \
