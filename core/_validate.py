@@ -25,8 +25,6 @@ MAX_SCALED_COORD = float(2**24)
 MAX_SAMPLES_PER_BIN = 2**20
 MAX_SAMPLING_RATIO = 2**10
 
-_FLOAT_DTYPES = (np.float16, np.float32, np.float64)
-
 
 def nchw_float(a, name, dims="(N, C, H, W)"):
     """Return (C-contiguous array to compute on, dtype to return) for a 4-D float array
@@ -34,12 +32,14 @@ def nchw_float(a, name, dims="(N, C, H, W)"):
     arr = np.asarray(a)
     if arr.ndim != 4:
         raise ValueError(f"{name} must be a 4-D {dims} array, got shape {arr.shape}")
-    if arr.dtype not in _FLOAT_DTYPES:
+    # (kind, size and byte order: comparing the dtype with each type converts the type
+    # every time)
+    if arr.dtype.kind != "f" or arr.dtype.itemsize not in (2, 4, 8) or not arr.dtype.isnative:
         raise TypeError(f"{name} must have dtype float16, float32 or float64, got {arr.dtype}")
     if arr.shape[2] < 1 or arr.shape[3] < 1:
         last = dims.strip("()").split(", ")[2:]
         raise ValueError(f"{name} must have {last[0]} >= 1 and {last[1]} >= 1, got shape {arr.shape}")
-    compute = np.float32 if arr.dtype == np.float16 else arr.dtype
+    compute = np.float32 if arr.dtype.itemsize == 2 else arr.dtype
     return np.ascontiguousarray(arr, dtype=compute), arr.dtype
 
 
@@ -84,7 +84,8 @@ def pair(value, name):
         raise ValueError(f"{name} must be an int or a pair (h, w), got {value!r}")
     out = []
     for v in items:
-        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral):
+        if type(v) is not int and (isinstance(v, (bool, np.bool_))
+                                   or not isinstance(v, numbers.Integral)):
             raise TypeError(f"{name} must be an int or a pair of ints, got {value!r}")
         if v < 1:
             raise ValueError(f"{name} must be >= 1, got {value!r}")
@@ -93,7 +94,8 @@ def pair(value, name):
 
 
 def positive_scale(value, name="spatial_scale"):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+    if type(value) is not float and (isinstance(value, (bool, np.bool_))
+                                     or not isinstance(value, numbers.Real)):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     value = float(value)
     if not math.isfinite(value) or value <= 0:

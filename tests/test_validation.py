@@ -173,7 +173,8 @@ class TestFeatureMapAndGradient:
 
     @pytest.mark.parametrize("op", FORWARD)
     @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8, np.complex64,
-                                       np.complex128, np.bool_, object, "U1", np.longdouble])
+                                       np.complex128, np.bool_, object, "U1", np.longdouble,
+                                       ">f4", ">f8"])
     def test_x_dtype(self, op, dtype):
         if np.dtype(dtype) == np.float64:   # longdouble is float64 on some platforms
             pytest.skip("longdouble is float64 here")
