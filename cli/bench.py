@@ -145,22 +145,37 @@ def add_ratios(rows):
     """``ratio`` on native rows: native / roicore.core, the core timed in the roicore
     worker.  ``overhead`` on adapter rows: adapter / roicore.core timed in the adapter's own
     worker (same process, same rounds; its median also goes in as ``core_ms``), so that
-    the two processes' different memory states do not enter the ratio."""
+    the two processes' different memory states do not enter the ratio.  It is the median
+    over rounds of each round's adapter / core, the two calls timed next to each other: on
+    these VMs a worker's rounds drift between fast and slow phases (c4_14x14's core calls
+    took 100-132 ms in one run), which a ratio of the two medians takes from different
+    rounds.  ``net_overhead`` likewise pairs each round's (adapter - autograd) / core."""
     def by_kind(kind):
-        return {(r["framework"], r["workload"], r["operator"], r["direction"]): r["median_ms"]
+        return {(r["framework"], r["workload"], r["operator"], r["direction"]): r
                 for r in rows if r["kind"] == kind}
     core, autograd = by_kind("core"), by_kind("autograd")
     for r in rows:
         key = (r["workload"], r["operator"], r["direction"])
-        if r["kind"] == "native" and core.get(("roicore",) + key):
-            r["ratio"] = r["median_ms"] / core[("roicore",) + key]     # > 1: roicore faster
-        elif r["kind"] == "adapter" and core.get((r["framework"],) + key):
-            r["core_ms"] = core[(r["framework"],) + key]
-            r["overhead"] = r["median_ms"] / r["core_ms"]
+        if r["kind"] == "native" and ("roicore",) + key in core:
+            r["ratio"] = r["median_ms"] / core[("roicore",) + key]["median_ms"]  # > 1: roicore faster
+        elif r["kind"] == "adapter" and (r["framework"],) + key in core:
+            c = core[(r["framework"],) + key]
+            r["core_ms"] = c["median_ms"]
+            r["overhead"] = _paired(lambda a, c: a / c, r, c)
             if (r["framework"],) + key in autograd:
                 # the framework's own autograd cost for these shapes (see _worker.BenchRunner)
-                r["autograd_ms"] = autograd[(r["framework"],) + key]
-                r["net_overhead"] = (r["median_ms"] - r["autograd_ms"]) / r["core_ms"]
+                g = autograd[(r["framework"],) + key]
+                r["autograd_ms"] = g["median_ms"]
+                r["net_overhead"] = _paired(lambda a, c, g: (a - g) / c, r, c, g)
+
+
+def _paired(f, *rows):
+    """The median over rounds of f of the rows' times in that round (rows of one worker,
+    timed in the same rounds); f of their medians should their round counts differ."""
+    times = [r["times_ms"] for r in rows]
+    if len({len(t) for t in times}) != 1:
+        return f(*(r["median_ms"] for r in rows))
+    return statistics.median(f(*ts) for ts in zip(*times))
 
 
 # roicore.core's output cache in the framework workers (which time the adapters against the
@@ -470,9 +485,9 @@ def print_report(report):
     adapters = [n for n in natives if any(k == (n, "adapter") for g in by.values() for k in g)]
     if adapters:
         print()
-        print("adapter overhead: adapter time / roicore.core time in the adapter's process; "
-              "adapter ms / core ms in brackets; fwd+bwd also net of the framework's own "
-              "autograd cost (ms after 'autograd')")
+        print("adapter overhead: adapter time / roicore.core time in the adapter's process, "
+              "median of the rounds' ratios; median adapter ms / core ms in brackets; fwd+bwd "
+              "also net of the framework's own autograd cost (ms after 'autograd')")
         rows = []
         for (wl, op, d), got in by.items():
             row = [wl, op, d]
@@ -502,7 +517,9 @@ def print_report(report):
               "workload, thread count and conventions as the adapter: paddle's for paddle, "
               "mxnet's for mxnet and tensorflow (per-plane argmax), with the argmax a gradient "
               "needs) are timed in "
-              "the same worker process, interleaved in every round; the roicore ms column "
+              "the same worker process, interleaved in every round, and each ratio is the median "
+              "of the rounds' ratios (a round's two calls run next to each other); the roicore "
+              "ms column "
               "above comes from the separate roicore worker.  Output cache: the default; in "
               "framework workers each adapter or core run starts with an untimed call, whose "
               "outputs the timed calls reuse, and releases the idle blocks after.  net = "

@@ -198,11 +198,14 @@ def test_bench_quick(tmp_path):
                 a, c = rows[(wl, op, d, fw, "adapter")], rows[(wl, op, d, fw, "core")]
                 assert len(c["times_ms"]) == len(a["times_ms"]) == report["repeats"]
                 assert a["core_ms"] == c["median_ms"] > 0, (a, c)
-                assert a["overhead"] == pytest.approx(a["median_ms"] / c["median_ms"])
+                assert a["overhead"] == pytest.approx(statistics.median(
+                    x / y for x, y in zip(a["times_ms"], c["times_ms"])))
             # fwd+bwd also net of the framework's own autograd cost (a null op's time)
             a, n = rows[(wl, op, "fwd+bwd", fw, "adapter")], rows[(wl, op, "fwd+bwd", fw, "autograd")]
             assert len(n["times_ms"]) == report["repeats"] and a["autograd_ms"] == n["median_ms"] > 0
-            assert a["net_overhead"] == pytest.approx((a["median_ms"] - n["median_ms"]) / a["core_ms"])
+            c = rows[(wl, op, "fwd+bwd", fw, "core")]
+            assert a["net_overhead"] == pytest.approx(statistics.median(
+                (x - z) / y for x, y, z in zip(a["times_ms"], c["times_ms"], n["times_ms"])))
             assert "net_overhead" not in rows[(wl, op, "forward", fw, "adapter")]
     assert all("core_ms" not in r and "overhead" not in r for r in report["results"]
                if r["kind"] != "adapter")
@@ -240,6 +243,13 @@ def test_adapter_overhead_uses_the_in_process_core():
     assert paddle_adapter["overhead"] == pytest.approx(3.0 / 2.5)
     assert "overhead" not in mxnet_adapter and "core_ms" not in mxnet_adapter
     assert "ratio" not in mxnet_native                          # no roicore-worker core for it
+    # over several rounds, the median of each round's ratio, not the ratio of the medians
+    drift = [dict(r, workload="c4_14x14", median_ms=statistics.median(ts), times_ms=ts)
+             for r, ts in ((row("paddle", "adapter", 0), [130.0, 106.0, 125.0, 133.0, 109.0]),
+                           (row("paddle", "core", 0), [101.0, 132.0, 100.0, 131.0, 101.0]))]
+    bench.add_ratios(drift)
+    assert drift[0]["overhead"] == pytest.approx(statistics.median(
+        [130 / 101, 106 / 132, 125 / 100, 133 / 131, 109 / 101]))   # 1.08, not 125 / 101
     report = dict(environment=dict(roicore="0", cpu="cpu", numpy="1", python="3"),
                   threads=2, repeats=1, scale=1.0, workloads={"train_b2": {}},
                   frameworks={"roicore": dict(status="ran", version="0"),
