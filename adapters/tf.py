@@ -453,9 +453,6 @@ def psroi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, outpu
 
     def forward(x, b, i, argmax):
         xyxy, i = _xyxy(b, i, x.shape[0])
-        d = out_channels(x.shape[1])
-        if d is not None and d * gh * gw != x.shape[1]:
-            d = None  # the core explains the mismatch
         return core.psroi_pool(x, xyxy, out_hw, spatial_scale, output_channels=output_channels,
                                group_size=group_size, batch_indices=i, convention=rules,
                                n_threads=n_threads)
