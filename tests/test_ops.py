@@ -429,10 +429,10 @@ def test_roi_pool_backward_in_several_passes_over_the_boxes(dtype, convention):
 @pytest.mark.parametrize("group", [None, 1])
 @pytest.mark.parametrize("D", [9, 21, 29, 37])
 def test_psroi_pool_many_output_channels(dtype, group, D):
-    """Channel counts beyond the hypothesis cases' 1-3: the forward's bins sum 2, 3, 4 or 6
-    vectors of channels in code compiled for that count (D = 9, 21, 29; 21 in float64), and
-    any other count (37; 29 in float64) 4 vectors at a time and then single ones; group
-    1 puts all 4 bins of a box in one group cell, group None one bin in each."""
+    """Channel counts beyond the hypothesis cases' 1-3: the forward's bins sum, and the
+    backward's add, 2, 3, 4 or 6 vectors of channels in code compiled for that count
+    (D = 9, 21, 29; 21 in float64), any other count (37; 29 in float64) in the generic
+    loops; group 1 puts all 4 bins of a box in one group cell, group None one in each."""
     x, boxes, batch = _large_case(dtype, 8, channels=D * (1 if group else 4))
     boxes[0] = [-40, -40, 500, 480]   # bins clamped at the map's edges
     boxes[1] = [30, 30, 20, 20]       # a box with negative width

@@ -700,17 +700,45 @@ typedef struct {
 ROICORE_PS_CELL_MEAN(f32, float, roicore_v8f)
 ROICORE_PS_CELL_MEAN(f64, double, roicore_v4d)
 
-#define ROICORE_PS_CELL_ADD(SUFFIX, T)                                                         \
+/* The backward's bins likewise, NV vectors of channels kept in registers for all the
+ * bin's pixels (roicore_region_add reloads its `lanes` differences for every pixel). */
+#define ROICORE_PS_BIN_ADD(T, VT, NV)                                                          \
+    if (h1 > h0 && w1 > w0) {                                                                  \
+        typedef VT VTu __attribute__((aligned(sizeof(T))));                                    \
+        enum { LANES = sizeof(VT) / sizeof(T) };                                               \
+        const T area = (T)((h1 - h0) * (w1 - w0));                                             \
+        const T *gk = g + k * gbox + ph * c->PW + pw;                                          \
+        T *img = slab + c->batch[k] * img_size;                                                \
+        for (int64_t i = 0; i < D; ++i) diff[i] = gk[i * c->PH * c->PW];                       \
+        for (int64_t i = D; i < NV * LANES; ++i) diff[i] = 0;                                  \
+        VT d[NV];                                                                              \
+        for (int q = 0; q < NV; ++q) d[q] = ((const VTu *)diff)[q] / area;                     \
+        for (int64_t h = h0; h < h1; ++h)                                                      \
+            for (int64_t w = w0; w < w1; ++w) {                                                \
+                VTu *r = (VTu *)(img + (h * W + w) * S);                                       \
+                for (int q = 0; q < NV; ++q) r[q] = r[q] + d[q];                               \
+            }                                                                                  \
+    }
+
+#define ROICORE_PS_CELL_ADD(SUFFIX, T, VT)                                                     \
     ROICORE_CLONES static void roicore_ps_cell_add_##SUFFIX(const roicore_ps_plan *c,          \
                                                              int64_t cell, T *restrict slab,   \
                                                              int64_t img_size, int64_t W,      \
                                                              int64_t S, int64_t D, const T *g, \
                                                              int64_t gbox, T *restrict diff) { \
+        switch (S / (int64_t)(sizeof(VT) / sizeof(T))) {                                       \
+        case 1: { ROICORE_PS_CELL_LOOP(ROICORE_PS_BIN_ADD(T, VT, 1)) return; }                 \
+        case 2: { ROICORE_PS_CELL_LOOP(ROICORE_PS_BIN_ADD(T, VT, 2)) return; }                 \
+        case 3: { ROICORE_PS_CELL_LOOP(ROICORE_PS_BIN_ADD(T, VT, 3)) return; }                 \
+        case 4: { ROICORE_PS_CELL_LOOP(ROICORE_PS_BIN_ADD(T, VT, 4)) return; }                 \
+        case 6: { ROICORE_PS_CELL_LOOP(ROICORE_PS_BIN_ADD(T, VT, 6)) return; }                 \
+        }                                                                                      \
         ROICORE_PS_CELL_LOOP(                                                                  \
             roicore_region_add_##SUFFIX(slab + c->batch[k] * img_size, W, S, h0, h1, w0, w1,   \
                                         D, S, g + k * gbox + ph * c->PW + pw, c->PH * c->PW,   \
                                         diff);)                                                \
     }
-ROICORE_FOR_BOTH_TYPES(ROICORE_PS_CELL_ADD)
+ROICORE_PS_CELL_ADD(f32, float, roicore_v8f)
+ROICORE_PS_CELL_ADD(f64, double, roicore_v4d)
 
 #endif
