@@ -246,6 +246,20 @@ def bandwidth_probe(unsigned char[::1] buf, int mode, int n_threads):
     return total
 
 
+cdef object _scratch(Py_ssize_t n, floating witness):
+    """n uninitialised values, 64-byte aligned.  np.empty aligns to 16 bytes, and PS-RoI's
+    slabs, written in 32-byte vectors, then split a store across cache lines every other
+    time: building them took 276-282 us instead of 255-260 (R-FCN, 1 thread, C harness)."""
+    return _memory.aligned_empty(n * sizeof(floating)).view(_dtype(witness))
+
+
+cdef inline Py_ssize_t _lines(Py_ssize_t n, floating witness) noexcept nogil:
+    """n rounded up to whole 64-byte lines of values, so that consecutive blocks of a
+    _scratch array stay aligned."""
+    cdef Py_ssize_t per_line = 64 // sizeof(floating)
+    return (n + per_line - 1) // per_line * per_line
+
+
 cdef inline object _dtype(floating witness):
     return np.float32 if floating is float else np.float64
 
@@ -913,15 +927,14 @@ def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), 
     if K == 0 or D == 0:
         return
     cdef _PSPlan plan = _ps_plan(K, PH, PW, GH, GW, batch, <floating>0)
-    cdef Py_ssize_t M = plan.M, slab_size = N * HW * S
+    cdef Py_ssize_t M = plan.M, slab_size = _lines(N * HW * S, <floating>0)
     cdef roicore_ps_plan* view = &plan.c
     cdef int64_t* hs = plan.hs
     cdef int64_t* he = plan.he
     cdef int64_t* ws = plan.ws
     cdef int64_t* we = plan.we
     # each thread's slab, then the staged means (G, K, M, S)
-    cdef floating[::1] scratch = np.empty(n_threads * slab_size + G * K * M * S,
-                                          _dtype(<floating>0))
+    cdef floating[::1] scratch = _scratch(n_threads * slab_size + G * K * M * S, <floating>0)
     cdef floating* staged = &scratch[n_threads * slab_size]
     # Counters for roicore_take/done/await/leave (roicore_omp.h): no OpenMP barrier inside.
     cdef int64_t next_box = 0, done_box = 0, next_g = 0, done_g = 0, next_k = 0, left = 0
@@ -966,13 +979,14 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
     if K == 0 or D == 0:
         return
     cdef _PSPlan plan = _ps_plan(K, PH, PW, GH, GW, batch, <floating>0)
-    cdef Py_ssize_t slab_size = N * HW * S + S  # the slab, then the bin's S differences
+    # each thread's slab, then a bin's S differences
+    cdef Py_ssize_t slab_size = _lines(N * HW * S + S, <floating>0)
     cdef roicore_ps_plan* view = &plan.c
     cdef int64_t* hs = plan.hs
     cdef int64_t* he = plan.he
     cdef int64_t* ws = plan.ws
     cdef int64_t* we = plan.we
-    cdef floating[::1] scratch = np.empty(n_threads * slab_size, _dtype(<floating>0))
+    cdef floating[::1] scratch = _scratch(n_threads * slab_size, <floating>0)
     cdef int64_t next_box = 0, done_box = 0, next_g = 0, left = 0  # as in the forward
     with nogil, parallel(num_threads=n_threads):
         slab = &scratch[omp_get_thread_num() * slab_size]
