@@ -679,19 +679,25 @@ typedef struct {
         }                                                                                      \
     }
 
+/* LOOP(BIN(T, VT, NV)) with NV = S / lanes fixed at compile time, then return, for the
+ * vector counts PS-RoI meets most (D up to 32 in f32, 24 in f64); other counts fall
+ * through to the caller's generic loop. */
+#define ROICORE_PS_BY_VECTOR_COUNT(LOOP, BIN, T, VT)                                           \
+    switch (S / (int64_t)(sizeof(VT) / sizeof(T))) {                                           \
+    case 1: { LOOP(BIN(T, VT, 1)) return; }                                                    \
+    case 2: { LOOP(BIN(T, VT, 2)) return; }                                                    \
+    case 3: { LOOP(BIN(T, VT, 3)) return; }                                                    \
+    case 4: { LOOP(BIN(T, VT, 4)) return; }                                                    \
+    case 6: { LOOP(BIN(T, VT, 6)) return; }                                                    \
+    }
+
 #define ROICORE_PS_CELL_MEAN(SUFFIX, T, VT)                                                    \
     ROICORE_CLONES static void roicore_ps_cell_mean_##SUFFIX(const roicore_ps_plan *c,         \
                                                               int64_t cell, const T *slab,     \
                                                               int64_t img_size, int64_t W,     \
                                                               int64_t S, int64_t M,            \
                                                               T *restrict dst) {               \
-        switch (S / (int64_t)(sizeof(VT) / sizeof(T))) {                                       \
-        case 1: { ROICORE_PS_CELL_LOOP_SPLIT(ROICORE_PS_BIN_MEAN(T, VT, 1)) return; }          \
-        case 2: { ROICORE_PS_CELL_LOOP_SPLIT(ROICORE_PS_BIN_MEAN(T, VT, 2)) return; }          \
-        case 3: { ROICORE_PS_CELL_LOOP_SPLIT(ROICORE_PS_BIN_MEAN(T, VT, 3)) return; }          \
-        case 4: { ROICORE_PS_CELL_LOOP_SPLIT(ROICORE_PS_BIN_MEAN(T, VT, 4)) return; }          \
-        case 6: { ROICORE_PS_CELL_LOOP_SPLIT(ROICORE_PS_BIN_MEAN(T, VT, 6)) return; }          \
-        }                                                                                      \
+        ROICORE_PS_BY_VECTOR_COUNT(ROICORE_PS_CELL_LOOP_SPLIT, ROICORE_PS_BIN_MEAN, T, VT)     \
         ROICORE_PS_CELL_LOOP_SPLIT(                                                            \
             T *o = dst + (k * M + (ph - ph0) * (pw1 - pw0) + (pw - pw0)) * S;                  \
             roicore_region_mean_##SUFFIX(slab + c->batch[k] * img_size, W, S, h0, h1, w0, w1,  \
@@ -726,13 +732,7 @@ ROICORE_PS_CELL_MEAN(f64, double, roicore_v4d)
                                                              int64_t img_size, int64_t W,      \
                                                              int64_t S, int64_t D, const T *g, \
                                                              int64_t gbox, T *restrict diff) { \
-        switch (S / (int64_t)(sizeof(VT) / sizeof(T))) {                                       \
-        case 1: { ROICORE_PS_CELL_LOOP(ROICORE_PS_BIN_ADD(T, VT, 1)) return; }                 \
-        case 2: { ROICORE_PS_CELL_LOOP(ROICORE_PS_BIN_ADD(T, VT, 2)) return; }                 \
-        case 3: { ROICORE_PS_CELL_LOOP(ROICORE_PS_BIN_ADD(T, VT, 3)) return; }                 \
-        case 4: { ROICORE_PS_CELL_LOOP(ROICORE_PS_BIN_ADD(T, VT, 4)) return; }                 \
-        case 6: { ROICORE_PS_CELL_LOOP(ROICORE_PS_BIN_ADD(T, VT, 6)) return; }                 \
-        }                                                                                      \
+        ROICORE_PS_BY_VECTOR_COUNT(ROICORE_PS_CELL_LOOP, ROICORE_PS_BIN_ADD, T, VT)            \
         ROICORE_PS_CELL_LOOP(                                                                  \
             roicore_region_add_##SUFFIX(slab + c->batch[k] * img_size, W, S, h0, h1, w0, w1,   \
                                         D, S, g + k * gbox + ph * c->PW + pw, c->PH * c->PW,   \
