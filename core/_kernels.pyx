@@ -25,8 +25,6 @@ from libc.math cimport floor, ceil, round, fma, fmaf, fabs, NAN, INFINITY
 from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcpy, memset
 
-import math
-
 import numpy as np
 
 from roicore.core import _memory
@@ -248,18 +246,15 @@ def bandwidth_probe(unsigned char[::1] buf, int mode, int n_threads):
     return total
 
 
-cdef object _scratch(shape, dtype):
-    """An uninitialised scratch array, 64-byte aligned.  np.empty aligns to 16 bytes, and
-    the kernels' buffers, read and written in 32-byte vectors, then split an access across
-    cache lines every other time: PS-RoI's slabs took 276-282 us to build instead of
-    255-260 (R-FCN, 1 thread, C harness).  Rows of per-thread buffers are whole lines."""
-    dtype = np.dtype(dtype)
-    return _memory.aligned_empty(dtype.itemsize * math.prod(shape)).view(dtype).reshape(shape)
-
+# Kernel scratch comes from _memory.empty, 64-byte aligned like the outputs: np.empty
+# aligns to 16 bytes, and the kernels' buffers, read and written in 32-byte vectors, then
+# split an access across cache lines every other time (PS-RoI's slabs took 276-282 us to
+# build instead of 255-260: R-FCN, 1 thread, C harness).  Rows of per-thread buffers are
+# whole lines.
 
 cdef inline Py_ssize_t _lines(Py_ssize_t n, floating witness) noexcept nogil:
     """n rounded up to whole 64-byte lines of values, so that consecutive blocks of a
-    _scratch array stay aligned."""
+    scratch array stay aligned."""
     cdef Py_ssize_t per_line = 64 // sizeof(floating)
     return (n + per_line - 1) // per_line * per_line
 
@@ -501,9 +496,9 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
     cdef Py_ssize_t n_cb = (C + B - 1) // B, task, cb, c0, nb, k
     cdef floating[:, :, :, ::1] xb = _to_blocked(x, B, n_threads)
     # per thread: (bin, channel) maxima, then the staged (channel, bin) block
-    cdef floating[:, ::1] acc_buf = _scratch((n_threads, 2 * P * B), _dtype(<floating>0))
-    cdef int32_t[:, ::1] arg_buf = _scratch((n_threads, P * B), np.int32)
-    cdef index_t[:, ::1] arg_staged_buf = _scratch(
+    cdef floating[:, ::1] acc_buf = _memory.empty((n_threads, 2 * P * B), _dtype(<floating>0))
+    cdef int32_t[:, ::1] arg_buf = _memory.empty((n_threads, P * B), np.int32)
+    cdef index_t[:, ::1] arg_staged_buf = _memory.empty(
         (n_threads, P * B), np.int64 if index_t is int64_t else np.int32)
     cdef bint stream = out.size * sizeof(floating) >= STREAM_BYTES
     # per thread: the write-outs the next task streams (see roicore_pending): values, argmax
@@ -938,8 +933,8 @@ def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), 
     cdef int64_t* ws = plan.ws
     cdef int64_t* we = plan.we
     # each thread's slab, then the staged means (G, K, M, S)
-    cdef floating[::1] scratch = _scratch((n_threads * slab_size + G * K * M * S,),
-                                          _dtype(<floating>0))
+    cdef floating[::1] scratch = _memory.empty((n_threads * slab_size + G * K * M * S,),
+                                               _dtype(<floating>0))
     cdef floating* staged = &scratch[n_threads * slab_size]
     # Counters for roicore_take/done/await/leave (roicore_omp.h): no OpenMP barrier inside.
     cdef int64_t next_box = 0, done_box = 0, next_g = 0, done_g = 0, next_k = 0, left = 0
@@ -991,7 +986,7 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
     cdef int64_t* he = plan.he
     cdef int64_t* ws = plan.ws
     cdef int64_t* we = plan.we
-    cdef floating[::1] scratch = _scratch((n_threads * slab_size,), _dtype(<floating>0))
+    cdef floating[::1] scratch = _memory.empty((n_threads * slab_size,), _dtype(<floating>0))
     cdef int64_t next_box = 0, done_box = 0, next_g = 0, left = 0  # as in the forward
     with nogil, parallel(num_threads=n_threads):
         slab = &scratch[omp_get_thread_num() * slab_size]
@@ -1179,7 +1174,7 @@ def roi_align_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
     cdef Py_ssize_t B = _align_block(<floating>0)
     cdef Py_ssize_t n_cb = (C + B - 1) // B, HW = H * W, task, cb, c0, nb
     cdef floating[:, :, :, ::1] xb = _to_blocked(x, B, n_threads)
-    cdef floating[:, ::1] acc_buf = _scratch((n_threads, 2 * P * B), _dtype(<floating>0))
+    cdef floating[:, ::1] acc_buf = _memory.empty((n_threads, 2 * P * B), _dtype(<floating>0))
     cdef const floating* img
     cdef floating* staged
     cdef bint stream = out.size * sizeof(floating) >= STREAM_BYTES
@@ -1297,7 +1292,7 @@ def roi_align_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C, P
     cdef int64_t[::1] ygrid = t.ygrid, xgrid = t.xgrid, yoff = t.yoff, xoff = t.xoff
     cdef int64_t[::1] ylo = t.ylo, yhi = t.yhi, xlo = t.xlo, xhi = t.xhi
     cdef floating[::1] ylw = t.ylw, yhw = t.yhw, xlw = t.xlw, xhw = t.xhw
-    cdef floating[:, ::1] g_buf = _scratch((n_threads, P * B), _dtype(<floating>0))
+    cdef floating[:, ::1] g_buf = _memory.empty((n_threads, P * B), _dtype(<floating>0))
     cdef floating[:, :, :, ::1] dxb = _memory.empty((N, C, H, W), _dtype(<floating>0))
     with nogil, parallel(num_threads=n_threads):
         gb = &g_buf[omp_get_thread_num(), 0]
