@@ -663,19 +663,13 @@ typedef struct {
     {                                                                                          \
         typedef VT VTu __attribute__((aligned(sizeof(T))));                                    \
         const T *img = slab + c->batch[k] * img_size;                                          \
-        VTu *o = (VTu *)(dst + (k * M + (ph - ph0) * (pw1 - pw0) + (pw - pw0)) * S);           \
+        T *out = dst + (k * M + (ph - ph0) * (pw1 - pw0) + (pw - pw0)) * S;                    \
+        const int64_t i = 0;                                                                   \
         if (h1 <= h0 || w1 <= w0) {                                                            \
-            for (int q = 0; q < NV; ++q) o[q] = (VT){0};                                       \
+            for (int q = 0; q < NV; ++q) ((VTu *)out)[q] = (VT){0};                            \
         } else {                                                                               \
             const T area = (T)((h1 - h0) * (w1 - w0));                                         \
-            VT acc[NV];                                                                        \
-            for (int q = 0; q < NV; ++q) acc[q] = (VT){0};                                     \
-            for (int64_t h = h0; h < h1; ++h)                                                  \
-                for (int64_t w = w0; w < w1; ++w) {                                            \
-                    const VTu *r = (const VTu *)(img + (h * W + w) * S);                       \
-                    for (int q = 0; q < NV; ++q) acc[q] = acc[q] + r[q];                       \
-                }                                                                              \
-            for (int q = 0; q < NV; ++q) o[q] = acc[q] / area;                                 \
+            ROICORE_REGION_SUM(VT, VTu, NV)                                                    \
         }                                                                                      \
     }
 
