@@ -263,6 +263,19 @@ cdef inline object _dtype(floating witness):
     return np.float32 if floating is float else np.float64
 
 
+cdef int64_t[:, ::1] _line_rows(Py_ssize_t rows, Py_ssize_t nbytes):
+    """`rows` zeroed rows of at least `nbytes` each, every row on cache lines of its own:
+    for per-thread state and the shared task counters.  Two cores writing to one line
+    (false sharing) pass it back and forth on every write.  Rows of np.zeros (16-byte
+    aligned) shared lines: RoIAlign's 32-byte pending write-outs always, the max pool's 64
+    bytes whenever the array started off a line; and the counters, locals on the calling
+    thread's stack, shared lines with each other and with that thread's variables."""
+    cdef Py_ssize_t per_row = (nbytes + 63) // 64 * (64 // sizeof(int64_t))
+    a = _memory.empty((rows, per_row), np.int64)
+    a.fill(0)
+    return a
+
+
 cdef inline int _table_threads(Py_ssize_t K, int n_threads) noexcept nogil:
     """Threads for a per-box table loop (a few dozen operations per box): one below 8192
     boxes.  Waking a sleeping thread team (OMP_WAIT_POLICY=PASSIVE) costs more than such a
@@ -502,8 +515,7 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
         (n_threads, P * B), np.int64 if index_t is int64_t else np.int32)
     cdef bint stream = out.size * sizeof(floating) >= STREAM_BYTES
     # per thread: the write-outs the next task streams (see roicore_pending): values, argmax
-    cdef int64_t[:, ::1] pend_buf = np.zeros(
-        (n_threads, 2 * sizeof(roicore_pending) // sizeof(int64_t)), np.int64)
+    cdef int64_t[:, ::1] pend_buf = _line_rows(n_threads, 2 * sizeof(roicore_pending))
     cdef roicore_pending* pend
     cdef int npend
     cdef const floating* img
@@ -517,7 +529,8 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
     # Tasks come from a shared counter in block-major order (consecutive tasks read the same
     # block of the map), one at a time, so that a short last block leaves no thread idle;
     # locals then persist from task to task, which the pending write-out needs.
-    cdef int64_t next_task = 0
+    cdef int64_t[:, ::1] counters = _line_rows(1, sizeof(int64_t))
+    cdef int64_t* next_task = &counters[0, 0]
     with nogil, parallel(num_threads=n_threads):
         acc = &acc_buf[omp_get_thread_num(), 0]
         staged = acc + P * B
@@ -525,7 +538,7 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
         arg_staged = &arg_staged_buf[omp_get_thread_num(), 0]
         pend = <roicore_pending*>&pend_buf[omp_get_thread_num(), 0]
         npend = 0
-        task = roicore_take(&next_task)
+        task = roicore_take(next_task)
         while task < n_cb * K:
             cb = task // K
             k = task % K
@@ -557,7 +570,7 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
                 if stream:
                     roicore_pending_set(&pend[1], arg_k, arg_staged, nb * P * sizeof(index_t), PH)
                     npend = 2
-            task = roicore_take(&next_task)
+            task = roicore_take(next_task)
         roicore_pending_finish_all(pend, npend)  # the last task's blocks
         roicore_stream_fence()
 
@@ -937,28 +950,35 @@ def psroi_pool_forward(const floating[:, :, :, ::1] x,   # IN  (N, C_in, H, W), 
                                                _dtype(<floating>0))
     cdef floating* staged = &scratch[n_threads * slab_size]
     # Counters for roicore_take/done/await/leave (roicore_omp.h): no OpenMP barrier inside.
-    cdef int64_t next_box = 0, done_box = 0, next_g = 0, done_g = 0, next_k = 0, left = 0
+    # each on a line of its own (_line_rows)
+    cdef int64_t[:, ::1] counters = _line_rows(6, sizeof(int64_t))
+    cdef int64_t* next_box = &counters[0, 0]
+    cdef int64_t* done_box = &counters[1, 0]
+    cdef int64_t* next_g = &counters[2, 0]
+    cdef int64_t* done_g = &counters[3, 0]
+    cdef int64_t* next_k = &counters[4, 0]
+    cdef int64_t* left = &counters[5, 0]
     with nogil, parallel(num_threads=n_threads):
         slab = &scratch[omp_get_thread_num() * slab_size]
-        _ps_fill(boxes, <floating>spatial_scale, H, W, PH, PW, hs, he, ws, we, &next_box,
-                 &done_box)
-        g = roicore_take(&next_g)
+        _ps_fill(boxes, <floating>spatial_scale, H, W, PH, PW, hs, he, ws, we, next_box,
+                 done_box)
+        g = roicore_take(next_g)
         while g < G:
             for n in range(N):
                 _pack(&x[n, g, 0, 0], G * HW, HW, D, slab + n * HW * S, S, True)
             _cell_mean(view, g, slab, HW * S, W, S, M, staged + g * K * M * S)
-            roicore_done(&done_g)
-            g = roicore_take(&next_g)
+            roicore_done(done_g)
+            g = roicore_take(next_g)
         # then the same threads move the staged values out, in runs of consecutive boxes,
         # whose staged rows share cache lines
-        roicore_await(&done_g, G)
-        k0 = roicore_take(&next_k) * UNPACK_RUN
+        roicore_await(done_g, G)
+        k0 = roicore_take(next_k) * UNPACK_RUN
         while k0 < K:
             for k in range(k0, min(k0 + UNPACK_RUN, K)):
                 _unstage_box(view, staged + k * M * S, K * M * S, G, GH == PH and GW == PW,
                              S, D, &out[k, 0, 0, 0])
-            k0 = roicore_take(&next_k) * UNPACK_RUN
-        roicore_leave(&left)
+            k0 = roicore_take(next_k) * UNPACK_RUN
+        roicore_leave(left)
 
 
 def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, PH, PW)
@@ -987,20 +1007,24 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
     cdef int64_t* ws = plan.ws
     cdef int64_t* we = plan.we
     cdef floating[::1] scratch = _memory.empty((n_threads * slab_size,), _dtype(<floating>0))
-    cdef int64_t next_box = 0, done_box = 0, next_g = 0, left = 0  # as in the forward
+    cdef int64_t[:, ::1] counters = _line_rows(4, sizeof(int64_t))  # as in the forward
+    cdef int64_t* next_box = &counters[0, 0]
+    cdef int64_t* done_box = &counters[1, 0]
+    cdef int64_t* next_g = &counters[2, 0]
+    cdef int64_t* left = &counters[3, 0]
     with nogil, parallel(num_threads=n_threads):
         slab = &scratch[omp_get_thread_num() * slab_size]
         diff = slab + N * HW * S
-        _ps_fill(boxes, <floating>spatial_scale, H, W, PH, PW, hs, he, ws, we, &next_box,
-                 &done_box)
-        g = roicore_take(&next_g)
+        _ps_fill(boxes, <floating>spatial_scale, H, W, PH, PW, hs, he, ws, we, next_box,
+                 done_box)
+        g = roicore_take(next_g)
         while g < G:
             memset(slab, 0, N * HW * S * sizeof(floating))
             _cell_add(view, g, slab, HW * S, W, S, D, &grad_output[0, 0, 0, 0], D * PH * PW, diff)
             for n in range(N):
                 _unpack(slab + n * HW * S, S, HW, D, &grad_input[n, g, 0, 0], G * HW)
-            g = roicore_take(&next_g)
-        roicore_leave(&left)
+            g = roicore_take(next_g)
+        roicore_leave(left)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1179,18 +1203,18 @@ def roi_align_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
     cdef floating* staged
     cdef bint stream = out.size * sizeof(floating) >= STREAM_BYTES
     # per thread: the write-out the next task streams (see roicore_pending)
-    cdef int64_t[:, ::1] pend_buf = np.zeros(
-        (n_threads, sizeof(roicore_pending) // sizeof(int64_t)), np.int64)
+    cdef int64_t[:, ::1] pend_buf = _line_rows(n_threads, sizeof(roicore_pending))
     cdef roicore_pending* pend
     cdef int npend
-    cdef int64_t next_task = 0
+    cdef int64_t[:, ::1] counters = _line_rows(1, sizeof(int64_t))
+    cdef int64_t* next_task = &counters[0, 0]
     with nogil, parallel(num_threads=n_threads):
         acc = &acc_buf[omp_get_thread_num(), 0]
         staged = acc + P * B
         pend = <roicore_pending*>&pend_buf[omp_get_thread_num(), 0]
         npend = 0
         # block-major, one task at a time from a shared counter (as in _max_pool_blocked)
-        task = roicore_take(&next_task)
+        task = roicore_take(next_task)
         while task < n_cb * K:
             cb = task // K
             k = task % K
@@ -1235,7 +1259,7 @@ def roi_align_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
                     npend = 1
                 else:
                     _unpack(acc, nb, P, nb, out_k, P)
-            task = roicore_take(&next_task)
+            task = roicore_take(next_task)
         roicore_pending_finish_all(pend, npend)  # the last task's block
         roicore_stream_fence()
 
