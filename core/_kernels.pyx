@@ -470,22 +470,36 @@ cdef inline void _to_global(index_t* a, Py_ssize_t planes, Py_ssize_t P, int64_t
         roicore_offset_indices_i64(a, planes, P, base, HW)
 
 
-cdef floating[:, :, :, ::1] _to_blocked(const floating[:, :, :, ::1] x, Py_ssize_t B,
-                                        int n_threads):
-    """A channel-blocked copy of x: image n's channels c0 .. c0+nb (nb = min(B, C - c0))
-    become an (H, W, nb) array at the same offset c0*H*W, so a block's pixels are nb
-    contiguous values and its whole map is one contiguous run."""
+cdef enum:
+    LINE_INT64 = 8  # int64 counters per cache line (_line_rows)
+
+
+cdef inline void _pack_blocks(const floating[:, :, :, ::1] x, floating* xb, Py_ssize_t B,
+                              int64_t* next, int64_t* packed) noexcept nogil:
+    """The channel-blocked copy of x into xb (x's size), made by the threads of the
+    kernel's own region: image n's channels c0 .. c0+nb (nb = min(B, C - c0)) become an
+    (H, W, nb) array at the same offset c0*H*W, so a block's pixels are nb contiguous
+    values and its whole map is one contiguous run.  Threads take (block, image) tasks,
+    block-major, from `next`; packed[cb * LINE_INT64] counts block cb's images done
+    (_await_block).  A region of its own cost a wake-up of the sleeping threads and split
+    the copy statically: 0.59 ms at 2 threads against 0.36 at 1 for the 3.9 MB map of
+    fastrcnn_vgg16 (one box, warm caches)."""
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], HW = x.shape[2] * x.shape[3]
-    cdef Py_ssize_t n_cb = (C + B - 1) // B, task, n, c0
-    cdef floating[:, :, :, ::1] xb = _memory.empty((N, C, x.shape[2], x.shape[3]), _dtype(<floating>0))
-    if N == 0 or C == 0 or HW == 0:
-        return xb
-    with nogil:
-        for task in prange(N * n_cb, num_threads=n_threads, schedule="static"):
-            n = task // n_cb
-            c0 = (task % n_cb) * B
-            _pack(&x[n, c0, 0, 0], HW, HW, min(B, C - c0), &xb[n, c0, 0, 0], min(B, C - c0))
-    return xb
+    cdef Py_ssize_t n_cb = (C + B - 1) // B, cb, n, c0, nb
+    cdef int64_t task = roicore_take(next)
+    while task < N * n_cb:
+        cb = task // N
+        n = task % N
+        c0 = cb * B
+        nb = min(B, C - c0)
+        _pack(&x[n, c0, 0, 0], HW, HW, nb, xb + (n * C + c0) * HW, nb)
+        roicore_done(packed + cb * LINE_INT64)
+        task = roicore_take(next)
+
+
+cdef inline void _await_block(const int64_t* packed, Py_ssize_t cb, Py_ssize_t N) noexcept nogil:
+    """Wait until every image of block cb is packed (_pack_blocks)."""
+    roicore_await(<int64_t*>packed + cb * LINE_INT64, N)
 
 
 cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] batch,
@@ -507,7 +521,8 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
     cdef Py_ssize_t H = x.shape[2], W = x.shape[3], HW = H * W, P = PH * PW
     cdef Py_ssize_t B = _align_block(<floating>0)
     cdef Py_ssize_t n_cb = (C + B - 1) // B, task, cb, c0, nb, k
-    cdef floating[:, :, :, ::1] xb = _to_blocked(x, B, n_threads)
+    cdef Py_ssize_t N = x.shape[0], ready
+    cdef floating[::1] xb = _memory.empty((max(x.size, 1),), _dtype(<floating>0))
     # per thread: (bin, channel) maxima, then the staged (channel, bin) block
     cdef floating[:, ::1] acc_buf = _memory.empty((n_threads, 2 * P * B), _dtype(<floating>0))
     cdef int32_t[:, ::1] arg_buf = _memory.empty((n_threads, P * B), np.int32)
@@ -529,8 +544,11 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
     # Tasks come from a shared counter in block-major order (consecutive tasks read the same
     # block of the map), one at a time, so that a short last block leaves no thread idle;
     # locals then persist from task to task, which the pending write-out needs.
-    cdef int64_t[:, ::1] counters = _line_rows(1, sizeof(int64_t))
+    # the next task, the next packing task, then per block its packed images
+    cdef int64_t[:, ::1] counters = _line_rows(2 + n_cb, sizeof(int64_t))
     cdef int64_t* next_task = &counters[0, 0]
+    cdef int64_t* next_pack = &counters[1, 0]
+    cdef int64_t* packed = &counters[2, 0]
     with nogil, parallel(num_threads=n_threads):
         acc = &acc_buf[omp_get_thread_num(), 0]
         staged = acc + P * B
@@ -538,13 +556,18 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
         arg_staged = &arg_staged_buf[omp_get_thread_num(), 0]
         pend = <roicore_pending*>&pend_buf[omp_get_thread_num(), 0]
         npend = 0
+        _pack_blocks(x, &xb[0], B, next_pack, packed)
+        ready = -1
         task = roicore_take(next_task)
         while task < n_cb * K:
             cb = task // K
             k = task % K
             c0 = cb * B
             nb = min(B, C - c0)
-            img = &xb[batch[k], 0, 0, 0] + c0 * HW
+            if cb != ready:
+                _await_block(packed, cb, N)
+                ready = cb
+            img = &xb[0] + (batch[k] * C + c0) * HW
             # streams out the previous task's staged blocks as it goes, and finishes them
             if floating is float:
                 roicore_max_box_f32(img, W, nb, PH, PW, &hs[k, 0], &he[k, 0], &ws[k, 0],
@@ -1197,7 +1220,8 @@ def roi_align_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
     cdef floating[::1] ylw = t.ylw, yhw = t.yhw, xlw = t.xlw, xhw = t.xhw
     cdef Py_ssize_t B = _align_block(<floating>0)
     cdef Py_ssize_t n_cb = (C + B - 1) // B, HW = H * W, task, cb, c0, nb
-    cdef floating[:, :, :, ::1] xb = _to_blocked(x, B, n_threads)
+    cdef Py_ssize_t N = x.shape[0], ready
+    cdef floating[::1] xb = _memory.empty((max(x.size, 1),), _dtype(<floating>0))
     cdef floating[:, ::1] acc_buf = _memory.empty((n_threads, 2 * P * B), _dtype(<floating>0))
     cdef const floating* img
     cdef floating* staged
@@ -1206,13 +1230,17 @@ def roi_align_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
     cdef int64_t[:, ::1] pend_buf = _line_rows(n_threads, sizeof(roicore_pending))
     cdef roicore_pending* pend
     cdef int npend
-    cdef int64_t[:, ::1] counters = _line_rows(1, sizeof(int64_t))
+    cdef int64_t[:, ::1] counters = _line_rows(2 + n_cb, sizeof(int64_t))  # as the max pool's
     cdef int64_t* next_task = &counters[0, 0]
+    cdef int64_t* next_pack = &counters[1, 0]
+    cdef int64_t* packed = &counters[2, 0]
     with nogil, parallel(num_threads=n_threads):
         acc = &acc_buf[omp_get_thread_num(), 0]
         staged = acc + P * B
         pend = <roicore_pending*>&pend_buf[omp_get_thread_num(), 0]
         npend = 0
+        _pack_blocks(x, &xb[0], B, next_pack, packed)
+        ready = -1
         # block-major, one task at a time from a shared counter (as in _max_pool_blocked)
         task = roicore_take(next_task)
         while task < n_cb * K:
@@ -1220,6 +1248,9 @@ def roi_align_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
             k = task % K
             c0 = cb * B
             nb = min(B, C - c0)
+            if cb != ready:
+                _await_block(packed, cb, N)
+                ready = cb
             gy = ygrid[k]
             gx = xgrid[k]
             out_k = &out[k, c0, 0, 0]
@@ -1231,7 +1262,7 @@ def roi_align_forward(const floating[:, :, :, ::1] x,   # IN  (N, C, H, W)
                     norm = <floating>(gy * gx)
                 else:  # Paddle multiplies by the reciprocal, computed in double
                     norm = <floating>(1.0 / <double>(gy * gx))
-                img = &xb[batch[k], 0, 0, 0] + c0 * HW
+                img = &xb[0] + (batch[k] * C + c0) * HW
                 if nb == B:
                     # streams out the previous task's staged block as it goes, and finishes it
                     jy = yoff[k]
