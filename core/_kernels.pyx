@@ -17,7 +17,8 @@ argmax costs no extra pass over it):
   parallelise over input channels, each thread owning whole gradient planes and adding in
   the frameworks' serial (roi, channel, ph, pw, sample) order.  No atomics, no reductions
   across threads, so results are bit-identical for every thread count.
-* All work runs without the GIL; the only shared state is the caller's arrays.
+* All work runs without the GIL; the only shared state is the caller's arrays and each
+  call's own task counters (_line_rows).
 """
 from cython cimport floating
 from cython.parallel cimport parallel, prange
