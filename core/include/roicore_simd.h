@@ -627,14 +627,18 @@ typedef struct {
     const int64_t *batch, *hs, *he, *ws, *we, *r0, *r1, *q0, *q1;
 } roicore_ps_plan;
 
+/* Box k's bin (ph, pw): rows [h0, h1), columns [w0, w1). */
+#define ROICORE_PS_BIN_EDGES                                                                   \
+    const int64_t h0 = c->hs[k * c->PH + ph], h1 = c->he[k * c->PH + ph];                      \
+    const int64_t w0 = c->ws[k * c->PW + pw], w1 = c->we[k * c->PW + pw];
+
 #define ROICORE_PS_CELL_LOOP(BODY)                                                             \
     const int64_t ph0 = c->r0[cell / c->GW], ph1 = c->r1[cell / c->GW];                        \
     const int64_t pw0 = c->q0[cell % c->GW], pw1 = c->q1[cell % c->GW];                        \
     for (int64_t k = 0; k < c->K; ++k)                                                         \
         for (int64_t ph = ph0; ph < ph1; ++ph)                                                 \
             for (int64_t pw = pw0; pw < pw1; ++pw) {                                           \
-                const int64_t h0 = c->hs[k * c->PH + ph], h1 = c->he[k * c->PH + ph];          \
-                const int64_t w0 = c->ws[k * c->PW + pw], w1 = c->we[k * c->PW + pw];          \
+                ROICORE_PS_BIN_EDGES                                                           \
                 BODY                                                                           \
             }
 
@@ -648,8 +652,7 @@ typedef struct {
         const int64_t ph0 = c->r0[cell / c->GW], pw0 = c->q0[cell % c->GW];                    \
         const int64_t ph = ph0, pw = pw0, pw1 = pw0 + 1;                                       \
         for (int64_t k = 0; k < c->K; ++k) {                                                   \
-            const int64_t h0 = c->hs[k * c->PH + ph], h1 = c->he[k * c->PH + ph];              \
-            const int64_t w0 = c->ws[k * c->PW + pw], w1 = c->we[k * c->PW + pw];              \
+            ROICORE_PS_BIN_EDGES                                                               \
             BODY                                                                               \
         }                                                                                      \
     } else {                                                                                   \
