@@ -9,7 +9,8 @@ argmax costs no extra pass over it):
 * Layout: feature maps and gradients are C-contiguous NCHW; boxes are C-contiguous (K, 4)
   ``x1, y1, x2, y2`` in the feature dtype; ``batch`` is int64 (K,) with ``0 <= b < N``;
   box coordinates are finite and, once scaled, within +-2**24, so every float-to-int
-  conversion below is defined; outputs are preallocated, gradients zero-filled.
+  conversion below is defined; outputs are preallocated; a gradient arrives zero-filled
+  unless the kernel's docstring says it writes all of it.
 * Arithmetic: each expression is written in the operand dtype and order of the framework
   kernels it reproduces (see ``conventions.py`` and ../shared/spec/semantics.md), because
   that is what makes results bit-identical.  The build disables FMA contraction.
@@ -603,10 +604,12 @@ def roi_pool_max_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C
                           const index_t[:, :, :, ::1] argmax,        # IN  (K, C, PH, PW)
                           const int64_t[::1] batch,                  # IN  (K,)
                           bint global_index,
-                          floating[:, :, :, ::1] grad_input,         # OUT (N, C, H, W), zeroed
+                          floating[:, :, :, ::1] grad_input,         # OUT (N, C, H, W)
                           int n_threads):
     """Scatter each output gradient to its argmax; returns the number of argmax values
-    that are neither -1 nor a pixel of their own (box, channel) plane.
+    that are neither -1 nor a pixel of their own (box, channel) plane.  Every plane of
+    grad_input is zeroed here first, by the task that owns it, unless K or C is 0 (then
+    grad_input is left as it is).
 
     Such values are skipped, never followed, and ops.py raises when the count is not 0:
     validating here, in the same pass, saves a separate read of the whole argmax (as much
@@ -622,9 +625,9 @@ def roi_pool_max_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C
     at c4_14x14."""
     cdef Py_ssize_t K = grad_output.shape[0], C = grad_output.shape[1]
     cdef Py_ssize_t P = grad_output.shape[2] * grad_output.shape[3]
-    cdef Py_ssize_t HW = grad_input.shape[2] * grad_input.shape[3]
+    cdef Py_ssize_t N = grad_input.shape[0], HW = grad_input.shape[2] * grad_input.shape[3]
     cdef Py_ssize_t part = max(1, SCATTER_BYTES // (HW * <Py_ssize_t>sizeof(floating)))
-    cdef Py_ssize_t n_parts = (C + part - 1) // part, i, cs, ce, c, k, p
+    cdef Py_ssize_t n_parts = (C + part - 1) // part, i, cs, ce, c, k, p, n
     cdef int64_t lo, v, n_bad = 0
     cdef floating* plane
     cdef const floating* g
@@ -635,6 +638,8 @@ def roi_pool_max_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C
         for i in prange(n_parts, num_threads=n_threads, schedule="dynamic"):
             cs = i * part
             ce = min(cs + part, C)
+            for n in range(N):  # the run's planes, in L2 for the additions that follow
+                memset(&grad_input[n, cs, 0, 0], 0, (ce - cs) * HW * sizeof(floating))
             for k in range(K):
                 for c in range(cs, ce):
                     plane = &grad_input[batch[k], c, 0, 0]
@@ -1315,9 +1320,10 @@ def roi_align_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C, P
                        const int64_t[::1] batch,                  # IN  (K,)
                        double spatial_scale, int sampling_ratio, bint aligned,
                        bint min_size_always,
-                       floating[:, :, :, ::1] grad_input,         # OUT (N, C, H, W), zeroed
+                       floating[:, :, :, ::1] grad_input,         # OUT (N, C, H, W)
                        int n_threads):
-    """Caffe2 backward (MXNet, torchvision, and Paddle's backward).
+    """Caffe2 backward (MXNet, torchvision, and Paddle's backward).  Writes every element
+    of grad_input unless K or C is 0 (then grad_input is left as it is).
 
     The gradient accumulates in a channel-blocked buffer laid out as the forward's copy of
     x (blocks of B channels, each an (H, W, B) array per image).  One task owns one block

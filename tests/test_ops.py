@@ -555,10 +555,18 @@ def test_backward_out_buffer_is_zeroed_written_and_returned():
             call(out=np.empty(shape, np.float64))
         with pytest.raises(ValueError, match="C-contiguous and writeable"):
             call(out=np.empty(shape[::-1], np.float32).T)
-    # no boxes: nothing to scatter, so the buffer must still come back zeroed
-    empty = rc.psroi_pool_backward(g_ps[:0], rois[:0], ps_shape, 1.0,
-                                   out=np.full(ps_shape, np.nan, np.float32))
-    assert not empty.any()
+    # no boxes: nothing to scatter (the kernels that zero or write dx themselves return
+    # at once), so the buffer must still come back zeroed
+    empties = [
+        rc.psroi_pool_backward(g_ps[:0], rois[:0], ps_shape, 1.0,
+                               out=np.full(ps_shape, np.nan, np.float32)),
+        rc.roi_pool_backward(g[:0], rois[:0], x.shape, 1.0, argmax=am[:0],
+                             out=np.full(x.shape, np.nan, np.float32)),
+        rc.roi_align_backward(g[:0], rois[:0], x.shape, 1.0, 2,
+                              out=np.full(x.shape, np.nan, np.float32)),
+    ]
+    for empty in empties:
+        assert not empty.any()
     with pytest.raises(ValueError, match="share memory"):
         rc.roi_pool_backward(g, rois, (3, 6, 3, 3), 1.0, argmax=np.zeros(g.shape, np.int32),
                              convention="torchvision", out=g)
