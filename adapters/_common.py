@@ -35,9 +35,14 @@ def batch_indices_from_counts(counts, n_boxes: int, n_images: int, name: str = "
         raise ValueError(f"{name} must be 1-D (one count per image), got shape {c.shape}")
     if c.shape[0] != n_images:
         raise ValueError(f"{name} must have one count per image (N={n_images}), got {c.shape[0]}")
-    if c.size and c.min() < 0:
-        raise ValueError(f"{name} must be non-negative, got {c.tolist()}")
-    if int(c.sum()) != n_boxes:
+    # one count per image: as Python ints, the checks cost less than NumPy reductions, and
+    # their sum cannot overflow
+    values = c.tolist()
+    if min(values, default=0) < 0:
+        raise ValueError(f"{name} must be non-negative, got {values}")
+    if sum(values) != n_boxes:
         raise ValueError(f"{name} must sum to the number of boxes ({n_boxes}), got "
-                         f"sum({c.tolist()}) = {int(c.sum())}")
+                         f"sum({values}) = {sum(values)}")
+    if n_images == 1:
+        return np.zeros(n_boxes, np.int64)
     return np.repeat(np.arange(n_images, dtype=np.int64), c.astype(np.int64))

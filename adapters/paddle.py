@@ -52,8 +52,9 @@ CONVENTION = "paddle"
 # plane) stored as int32, which the core widens to int64 when a plane has >= 2**31 pixels.
 # Only the legacy ``return_argmax=True`` hands Paddle's int64 argmax to the caller.
 _GRAD_ARGMAX_RULES = dataclasses.replace(conventions.MAX_POOL[CONVENTION], argmax_dtype="int32")
-_FLOAT_DTYPES = ("float32", "float64")
-_COUNT_DTYPES = ("int32", "int64")
+# dtype objects, compared directly: the names (str(t.dtype)) cost a string per check
+_FLOAT_DTYPES = (paddle.float32, paddle.float64)
+_COUNT_DTYPES = (paddle.int32, paddle.int64)
 
 
 # --------------------------------------------------------------------------- conversion
@@ -77,7 +78,9 @@ def _needs_grad(x):
 
 def _to_paddle(a, place):
     """A Paddle tensor sharing ``a``'s memory (no copy on the CPU)."""
-    t = _dlpack.from_dlpack(np.ascontiguousarray(a))
+    # the capsule, not the array: given an array, Paddle first asks it for a versioned
+    # capsule, which NumPy 1.x refuses with a TypeError that Paddle catches and retries
+    t = _dlpack.from_dlpack(np.ascontiguousarray(a).__dlpack__())
     if not place.is_cpu_place():
         t = paddle.to_tensor(t, place=place)  # host-to-device copy, unavoidable
     return t
@@ -103,7 +106,7 @@ def _check_inputs(op, x, boxes, boxes_num):
     _check_tensor(boxes, "boxes", op)
     if x.ndim != 4:
         raise ValueError(f"{op}: x must be a 4-D [N, C, H, W] tensor, got shape {list(x.shape)}")
-    if _dtype_name(x) not in _FLOAT_DTYPES:
+    if x.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{op}: x must be float32 or float64, got {_dtype_name(x)}")
     if boxes.ndim != 2 or boxes.shape[1] != 4:
         raise ValueError(f"{op}: boxes must be a 2-D [num_boxes, 4] tensor of [x1, y1, x2, y2] "
@@ -114,10 +117,11 @@ def _check_inputs(op, x, boxes, boxes_num):
     if boxes_num is None:
         raise ValueError(f"{op}: boxes_num is required (the number of boxes of each image)")
     _check_tensor(boxes_num, "boxes_num", op)
-    if _dtype_name(boxes_num) not in _COUNT_DTYPES:
+    if boxes_num.dtype not in _COUNT_DTYPES:
         raise TypeError(f"{op}: boxes_num must be int32 or int64, got {_dtype_name(boxes_num)}")
     try:
-        batch = batch_indices_from_counts(_to_numpy(boxes_num), boxes.shape[0], x.shape[0])
+        # a copy of the few counts (numpy()) costs less than a DLPack view of them
+        batch = batch_indices_from_counts(boxes_num.numpy(), boxes.shape[0], x.shape[0])
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{op}: {exc}") from None
     return _to_numpy(boxes), batch
