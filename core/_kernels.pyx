@@ -204,6 +204,23 @@ def batch_in_range(const int64_t[::1] batch, int64_t n_images):
     return True
 
 
+def batch_column(const floating[:] column, int64_t n_images, int64_t[::1] batch):
+    """The float batch column of (K, 5) boxes (MXNet's rois) as int64 indices in `batch`:
+    True when every value is an integer in [0, n_images), else False (`batch` then partly
+    written).  As NumPy checks (finite, integral, in range, then the cast) it took 25 us
+    for 300 boxes, warm."""
+    cdef Py_ssize_t k
+    cdef floating v
+    for k in range(column.shape[0]):
+        v = column[k]
+        if not (v >= 0 and v < n_images):  # NaN too
+            return False
+        batch[k] = <int64_t>v
+        if <floating>batch[k] != v:
+            return False
+    return True
+
+
 cdef enum:
     PROBE_STREAM = 0  # bandwidth_probe modes
     PROBE_STORE = 1

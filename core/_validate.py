@@ -152,6 +152,11 @@ def boxes_and_batch(boxes, batch_indices, n_images, dtype, name="boxes"):
             raise ValueError(f"{name} has a batch column (shape {arr.shape}); "
                              "batch_indices must then be None")
         col = arr[:, 0]
+        if col.dtype in (np.float32, np.float64):
+            # the common case in one C pass; the NumPy checks below find the culprit
+            batch = np.empty(arr.shape[0], np.int64)
+            if _kernels.batch_column(col, n_images, batch):
+                return _coordinates(arr[:, 1:], dtype, name), batch
         if col.dtype.kind == "f" and not np.all(np.isfinite(col)):
             k = int(np.flatnonzero(~np.isfinite(col))[0])
             raise ValueError(f"{name}[{k}, 0] (batch index) must be finite, got {col[k]}")
@@ -181,12 +186,17 @@ def boxes_and_batch(boxes, batch_indices, n_images, dtype, name="boxes"):
     batch = raw.astype(np.int64)
     if not _kernels.batch_in_range(batch, n_images):
         _batch_out_of_range(raw, batch_name, n_images)
+    return _coordinates(coords, dtype, name), batch
+
+
+def _coordinates(coords, dtype, name):
+    """C-contiguous (K, 4) box coordinates in ``dtype``, checked to be finite."""
     coords = np.ascontiguousarray(coords, dtype=dtype)
     if _kernels.box_reach(coords) == math.inf:
         k, j = (int(i[0]) for i in np.nonzero(~np.isfinite(coords)))
         raise ValueError(f"{name} coordinates must be finite, got {coords[k, j]} "
                          f"in box {k}")
-    return coords, batch
+    return coords
 
 
 def _batch_out_of_range(raw, batch_name, n_images):

@@ -1197,3 +1197,26 @@ def test_batch_indices_from_counts():
         counts_to_batch([1], 1, 2)
     with pytest.raises(TypeError, match="integer dtype"):
         counts_to_batch(np.array([1.0]), 1, 1)
+
+
+def test_batch_column_fast_path_and_its_fallback():
+    """(K, 5) boxes' float batch column is converted in one C pass; anything that pass
+    refuses goes through the NumPy checks, which either name the culprit or, for a value
+    the C comparison in float32 could not place, accept it."""
+    from roicore.core import _validate
+    rng = np.random.default_rng(5)
+    for dt in (np.float32, np.float64):
+        rois = np.hstack([rng.integers(0, 3, (50, 1)), rng.uniform(0, 9, (50, 4))]).astype(dt)
+        coords, batch = _validate.boxes_and_batch(rois, None, 3, np.float32)
+        assert batch.dtype == np.int64 and np.array_equal(batch, rois[:, 0].astype(np.int64))
+        assert np.array_equal(coords, rois[:, 1:].astype(np.float32))
+    # 2**24 is below 2**24 + 1 images, but float32(2**24 + 1) == 2**24
+    rois = np.array([[2**24, 0, 0, 1, 1]], np.float32)
+    _, batch = _validate.boxes_and_batch(rois, None, 2**24 + 1, np.float32)
+    assert batch.tolist() == [2**24]
+    for bad, match in [(np.nan, "must be finite"), (1.5, "must be an integer"),
+                       (3.0, "out of range"), (-1.0, "out of range")]:
+        rois = np.array([[0, 0, 0, 1, 1], [bad, 0, 0, 1, 1]], np.float32)
+        with pytest.raises(ValueError, match=r"boxes\[1, 0\] \(batch index\) " + match
+                           if "range" not in match else r"boxes\[:, 0\]\[1\] = .* " + match):
+            _validate.boxes_and_batch(rois, None, 3, np.float32)
