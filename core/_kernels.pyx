@@ -213,7 +213,7 @@ def batch_column(const floating[:] column, int64_t n_images, int64_t[::1] batch)
     cdef floating v
     for k in range(column.shape[0]):
         v = column[k]
-        if not (v >= 0 and v < n_images):  # NaN too
+        if not (v >= 0 and <double>v < <double>n_images):  # NaN too; exact up to 2**53
             return False
         batch[k] = <int64_t>v
         if <floating>batch[k] != v:

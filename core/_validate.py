@@ -181,7 +181,9 @@ def boxes_and_batch(boxes, batch_indices, n_images, dtype, name="boxes"):
     # an integer cast may wrap (uint64), which the check after it catches.  Always a copy:
     # the kernels index images with it, so no caller's array (an out= aliasing it) may
     # change it under them.
-    if raw.dtype.kind == "f" and raw.size and not (raw.min() >= 0 and raw.max() < n_images):
+    # (as Python floats: NumPy 2 would compare a float32 maximum with n_images in float32)
+    if (raw.dtype.kind == "f" and raw.size
+            and not (float(raw.min()) >= 0 and float(raw.max()) < n_images)):
         _batch_out_of_range(raw, batch_name, n_images)
     batch = raw.astype(np.int64)
     if not _kernels.batch_in_range(batch, n_images):

@@ -1201,8 +1201,10 @@ def test_batch_indices_from_counts():
 
 def test_batch_column_fast_path_and_its_fallback():
     """(K, 5) boxes' float batch column is converted in one C pass; anything that pass
-    refuses goes through the NumPy checks, which either name the culprit or, for a value
-    the C comparison in float32 could not place, accept it."""
+    refuses goes through the NumPy checks, which name the culprit.  Both compare exactly:
+    an index of 2**24 is valid with 2**24 + 1 images, though float32(2**24 + 1) == 2**24
+    (NumPy 2 compared a float32 column's maximum with n_images in float32 and refused it;
+    the float16 column below takes the NumPy path)."""
     from roicore.core import _validate
     rng = np.random.default_rng(5)
     for dt in (np.float32, np.float64):
@@ -1210,10 +1212,12 @@ def test_batch_column_fast_path_and_its_fallback():
         coords, batch = _validate.boxes_and_batch(rois, None, 3, np.float32)
         assert batch.dtype == np.int64 and np.array_equal(batch, rois[:, 0].astype(np.int64))
         assert np.array_equal(coords, rois[:, 1:].astype(np.float32))
-    # 2**24 is below 2**24 + 1 images, but float32(2**24 + 1) == 2**24
     rois = np.array([[2**24, 0, 0, 1, 1]], np.float32)
     _, batch = _validate.boxes_and_batch(rois, None, 2**24 + 1, np.float32)
     assert batch.tolist() == [2**24]
+    rois = np.array([[2048, 0, 0, 1, 1]], np.float16)  # float16(2049) == 2048
+    _, batch = _validate.boxes_and_batch(rois, None, 2049, np.float32)
+    assert batch.tolist() == [2048]
     for bad, match in [(np.nan, "must be finite"), (1.5, "must be an integer"),
                        (3.0, "out of range"), (-1.0, "out of range")]:
         rois = np.array([[0, 0, 0, 1, 1], [bad, 0, 0, 1, 1]], np.float32)
