@@ -356,25 +356,25 @@ def run_scaling(args, names, ops, directions, scale, t_start):
 # to hour (streaming stores at 2 threads: 22 GB/s in one run, 37 GB/s in another), so
 # the bench measures it next to the speedups it bounds.
 BANDWIDTH_BYTES = 256 << 20
-BANDWIDTH_KINDS = (("streaming stores", 0), ("plain stores", 1), ("reads", 2))
 
 
 def memory_bandwidth(counts, repeats, nbytes=BANDWIDTH_BYTES):
-    """GB/s of one pass over `nbytes` (far more than the caches hold) for each kind in
-    BANDWIDTH_KINDS at each thread count (roicore.core's bandwidth_probe), interleaved
-    rounds, medians."""
+    """GB/s of one pass over `nbytes` (far more than the caches hold) for each kind of
+    traffic roicore.core's bandwidth_probe makes (its PROBE_MODES) at each thread count,
+    interleaved rounds, medians."""
     import numpy as np
     from roicore.core import _kernels
+    kinds = _kernels.PROBE_MODES
     buf = np.ones(nbytes, np.uint8)  # touched, so no pass pays its page faults
-    times = {(kind, n): [] for kind, _ in BANDWIDTH_KINDS for n in counts}
+    times = {(kind, n): [] for kind in kinds for n in counts}
     for _ in range(max(repeats, 3)):
-        for kind, mode in BANDWIDTH_KINDS:
+        for kind, mode in kinds.items():
             for n in counts:
                 t0 = time.perf_counter()
                 _kernels.bandwidth_probe(buf, mode, n)
                 times[(kind, n)].append(time.perf_counter() - t0)
     rows = []
-    for kind, _ in BANDWIDTH_KINDS:
+    for kind in kinds:
         gbps = [nbytes / statistics.median(times[(kind, n)]) / 1e9 for n in counts]
         rows.append(dict(kind=kind, bytes=nbytes, threads=list(counts),
                          gb_per_s=[round(g, 2) for g in gbps],

@@ -226,6 +226,10 @@ cdef enum:
     PROBE_STORE = 1
     PROBE_READ = 2
 
+# the modes by the names ``roicore bench --scaling`` prints, in its order
+PROBE_MODES = {"streaming stores": PROBE_STREAM, "plain stores": PROBE_STORE,
+               "reads": PROBE_READ}
+
 
 def bandwidth_probe(unsigned char[::1] buf, int mode, int n_threads):
     """One pass over `buf`, each of n_threads threads over its contiguous share: mode 0

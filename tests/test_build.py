@@ -272,10 +272,12 @@ def test_bandwidth_probe_passes_over_the_whole_buffer(nbytes, n_threads):
     write every byte (non-zero bytes, over a zeroed buffer) and its read sees every word,
     whatever the buffer size and thread count."""
     from roicore.core import _kernels
+    modes = _kernels.PROBE_MODES
+    assert sorted(modes) == ["plain stores", "reads", "streaming stores"]
     buf = np.zeros(nbytes, np.uint8)
-    for mode in (0, 1):                       # streaming stores, plain stores
+    for kind in ("streaming stores", "plain stores"):
         buf[:] = 0
-        assert _kernels.bandwidth_probe(buf, mode, n_threads) == 0
-        assert buf.all(), f"mode {mode} left {np.count_nonzero(buf == 0)} bytes unwritten"
+        assert _kernels.bandwidth_probe(buf, modes[kind], n_threads) == 0
+        assert buf.all(), f"{kind} left {np.count_nonzero(buf == 0)} bytes unwritten"
     buf[:] = np.random.default_rng(nbytes).integers(0, 256, nbytes, np.uint8)
-    assert _kernels.bandwidth_probe(buf, 2, n_threads) == buf.view(np.int64).sum()
+    assert _kernels.bandwidth_probe(buf, modes["reads"], n_threads) == buf.view(np.int64).sum()
