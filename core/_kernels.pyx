@@ -286,6 +286,13 @@ cdef inline object _dtype(floating witness):
     return np.float32 if floating is float else np.float64
 
 
+cdef inline void _zero(floating[:, :, :, ::1] a) noexcept nogil:
+    """Every element of C-contiguous `a` to 0."""
+    cdef Py_ssize_t n = a.shape[0] * a.shape[1] * a.shape[2] * a.shape[3]
+    if n:
+        memset(&a[0, 0, 0, 0], 0, n * sizeof(floating))
+
+
 cdef int64_t[:, ::1] _line_rows(Py_ssize_t rows, Py_ssize_t nbytes):
     """`rows` zeroed rows of at least `nbytes` each, every row on cache lines of its own:
     for per-thread state and the shared task counters.  Two cores writing to one line
@@ -628,9 +635,8 @@ def roi_pool_max_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C
                           floating[:, :, :, ::1] grad_input,         # OUT (N, C, H, W)
                           int n_threads):
     """Scatter each output gradient to its argmax; returns the number of argmax values
-    that are neither -1 nor a pixel of their own (box, channel) plane.  Every plane of
-    grad_input is zeroed here first, by the task that owns it, unless K or C is 0 (then
-    grad_input is left as it is).
+    that are neither -1 nor a pixel of their own (box, channel) plane.  Writes every
+    element of grad_input: each plane is zeroed here first, by the task that owns it.
 
     Such values are skipped, never followed, and ops.py raises when the count is not 0:
     validating here, in the same pass, saves a separate read of the whole argmax (as much
@@ -654,6 +660,7 @@ def roi_pool_max_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C
     cdef const floating* g
     cdef const index_t* a
     if K == 0 or C == 0:
+        _zero(grad_input)  # nothing to add: dx is all zeros
         return 0
     with nogil:
         for i in prange(n_parts, num_threads=n_threads, schedule="dynamic"):
@@ -1037,9 +1044,9 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
                         double spatial_scale, Py_ssize_t GH, Py_ssize_t GW,
                         floating[:, :, :, ::1] grad_input,         # OUT (N, C_in, H, W)
                         int n_threads):
-    """The adjoint, one group cell per task, accumulating in the task's zeroed slab.  With
-    K > 0 and D > 0 every element of grad_input is written (each task unpacks its whole
-    slab to its D channels of every image); with none it is left as it is."""
+    """The adjoint, one group cell per task, accumulating in the task's zeroed slab.  Writes
+    every element of grad_input (each task unpacks its whole slab to its D channels of
+    every image)."""
     cdef Py_ssize_t K = grad_output.shape[0], D = grad_output.shape[1]
     cdef Py_ssize_t PH = grad_output.shape[2], PW = grad_output.shape[3]
     cdef Py_ssize_t N = grad_input.shape[0], H = grad_input.shape[2], W = grad_input.shape[3]
@@ -1047,6 +1054,7 @@ def psroi_pool_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, D, 
     cdef floating* slab
     cdef floating* diff
     if K == 0 or D == 0:
+        _zero(grad_input)  # nothing to add: dx is all zeros
         return
     cdef _PSPlan plan = _ps_plan(K, PH, PW, GH, GW, batch, <floating>0)
     # each thread's slab, then a bin's S differences
@@ -1344,7 +1352,7 @@ def roi_align_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C, P
                        floating[:, :, :, ::1] grad_input,         # OUT (N, C, H, W)
                        int n_threads):
     """Caffe2 backward (MXNet, torchvision, and Paddle's backward).  Writes every element
-    of grad_input unless K or C is 0 (then grad_input is left as it is).
+    of grad_input.
 
     The gradient accumulates in a channel-blocked buffer laid out as the forward's copy of
     x (blocks of B channels, each an (H, W, B) array per image).  One task owns one block
@@ -1369,6 +1377,7 @@ def roi_align_backward(const floating[:, :, :, ::1] grad_output,  # IN  (K, C, P
     cdef floating* img
     cdef floating* gb
     if K == 0 or C == 0:
+        _zero(grad_input)  # nothing to add: dx is all zeros
         return
     t = _align_tables(boxes, spatial_scale, H, W, PH, PW, sampling_ratio, aligned,
                       (not aligned) or min_size_always, SAMPLER_CAFFE2, n_threads)

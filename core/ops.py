@@ -73,13 +73,12 @@ def _output(out, shape, xc, out_dtype, *also_read):
     return V.out_buffer(out, shape, xc.dtype, (xc,) + also_read)
 
 
-def _gradient(out, shape, g, out_dtype, *also_read, written=False):
-    """The dx a backward kernel adds into: zero-filled, unless the kernel writes every
-    element itself (``written``: it zeroes its own share of dx in parallel, next to the
-    additions, where a fill here is one more single-threaded pass over dx)."""
+def _gradient(out, shape, g, out_dtype, *also_read):
+    """The zero-filled dx a backward kernel adds into.  The max-pool, PS-RoI and RoIAlign
+    backwards write every element of dx themselves (zeroing their own share in parallel,
+    next to the additions) and take a plain _output instead."""
     dx = _output(out, shape, g, out_dtype, *also_read)
-    if not written:
-        dx.fill(0)
+    dx.fill(0)
     return dx
 
 
@@ -203,8 +202,7 @@ def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, bat
             raise TypeError("roi_pool_backward(method='max') needs the argmax returned by "
                             "roi_pool(..., return_argmax=True)")
         a = _argmax_array(argmax, rules, g.shape, shape)
-        # the kernel zeroes every plane when there are boxes and channels
-        dx = _gradient(out, shape, g, out_dtype, a, written=bool(coords.shape[0] and C))
+        dx = _output(out, shape, g, out_dtype, a)  # the kernel writes all of it
         if _kernels.roi_pool_max_backward(g, a, batch, rules.argmax == "global", dx, threads):
             raise _argmax_error(rules, shape)
     else:
@@ -307,9 +305,9 @@ def psroi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, g
     V.expect_shape(g, (coords.shape[0], D) + g.shape[2:], "grad_output")
     scale = _scale_for(rules, spatial_scale, g.dtype)
     V.coordinate_range(coords, scale, scale)
-    # the kernel writes every element of dx when there are boxes (each group cell's task
-    # unpacks its whole, zeroed slab): zero-filling 7.8 MB first cost 10 % of the call
-    dx = _gradient(out, shape, g, out_dtype, written=bool(coords.shape[0] and D))
+    # the kernel writes every element of dx (each group cell's task unpacks its whole,
+    # zeroed slab): zero-filling 7.8 MB first cost 10 % of the call
+    dx = _output(out, shape, g, out_dtype)
     _kernels.psroi_pool_backward(g, coords, batch, scale, GH, GW, dx, effective_n_threads(n_threads))
     return dx.astype(out_dtype, copy=False)
 
@@ -374,9 +372,9 @@ def roi_align_backward(grad_output, boxes, input_shape, spatial_scale=1.0, sampl
     scale = _scale_for(rules, spatial_scale, g.dtype)
     V.coordinate_range(coords, scale, scale)
     V.adaptive_grid(coords, scale, (PH, PW), sampling_ratio)
-    # the kernel writes every element of dx when there are boxes and channels (it
-    # accumulates into a zeroed blocked copy, then transposes all of it into dx)
-    dx = _gradient(out, shape, g, out_dtype, written=bool(coords.shape[0] and C))
+    # the kernel writes every element of dx (it accumulates into a zeroed blocked copy,
+    # then transposes all of it into dx)
+    dx = _output(out, shape, g, out_dtype)
     _kernels.roi_align_backward(g, coords, batch, scale, sampling_ratio, aligned,
                                 rules.backward_min_size_always, dx, effective_n_threads(n_threads))
     return dx.astype(out_dtype, copy=False)
