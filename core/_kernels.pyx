@@ -293,6 +293,10 @@ cdef inline void _zero(floating[:, :, :, ::1] a) noexcept nogil:
         memset(&a[0, 0, 0, 0], 0, n * sizeof(floating))
 
 
+cdef enum:
+    LINE_INT64 = 64 // sizeof(int64_t)  # int64 values per 64-byte cache line
+
+
 cdef int64_t[:, ::1] _line_rows(Py_ssize_t rows, Py_ssize_t nbytes):
     """`rows` zeroed rows of at least `nbytes` each, every row on cache lines of its own:
     for per-thread state and the shared task counters.  Two cores writing to one line
@@ -300,7 +304,7 @@ cdef int64_t[:, ::1] _line_rows(Py_ssize_t rows, Py_ssize_t nbytes):
     aligned) shared lines: RoIAlign's 32-byte pending write-outs always, the max pool's 64
     bytes whenever the array started off a line; and the counters, locals on the calling
     thread's stack, shared lines with each other and with that thread's variables."""
-    cdef Py_ssize_t per_row = (nbytes + 63) // 64 * (64 // sizeof(int64_t))
+    cdef Py_ssize_t per_row = (nbytes + 63) // 64 * LINE_INT64
     a = _memory.empty((rows, per_row), np.int64)
     a.fill(0)
     return a
@@ -500,20 +504,16 @@ cdef inline void _to_global(index_t* a, Py_ssize_t planes, Py_ssize_t P, int64_t
         roicore_offset_indices_i64(a, planes, P, base, HW)
 
 
-cdef enum:
-    LINE_INT64 = 8  # int64 counters per cache line (_line_rows)
-
-
 cdef inline void _pack_blocks(const floating[:, :, :, ::1] x, floating* xb, Py_ssize_t B,
                               int64_t* next, int64_t* packed) noexcept nogil:
     """The channel-blocked copy of x into xb (x's size), made by the threads of the
     kernel's own region: image n's channels c0 .. c0+nb (nb = min(B, C - c0)) become an
     (H, W, nb) array at the same offset c0*H*W, so a block's pixels are nb contiguous
     values and its whole map is one contiguous run.  Threads take (block, image) tasks,
-    block-major, from `next`; packed[cb * LINE_INT64] counts block cb's images done
-    (_await_block).  A region of its own cost a wake-up of the sleeping threads and split
-    the copy statically: 0.59 ms at 2 threads against 0.36 at 1 for the 3.9 MB map of
-    fastrcnn_vgg16 (one box, warm caches)."""
+    block-major, from `next`; packed[cb * LINE_INT64] (one _line_rows row per block)
+    counts block cb's images done (_await_block).  A region of its own cost a wake-up of
+    the sleeping threads and split the copy statically: 0.59 ms at 2 threads against 0.36
+    at 1 for the 3.9 MB map of fastrcnn_vgg16 (one box, warm caches)."""
     cdef Py_ssize_t N = x.shape[0], C = x.shape[1], HW = x.shape[2] * x.shape[3]
     cdef Py_ssize_t n_cb = (C + B - 1) // B, cb, n, c0, nb
     cdef int64_t task = roicore_take(next)
