@@ -49,11 +49,13 @@ cdef extern from "roicore_simd.h":
     void roicore_max_box_f32(const float* img, int64_t W, int64_t C, int64_t PH, int64_t PW,
                              const int64_t* hs, const int64_t* he, const int64_t* ws,
                              const int64_t* we, float initial, float* acc, int32_t* arg,
-                             roicore_pending* pend, int npend) noexcept nogil
+                             int32_t abase, int32_t astep, roicore_pending* pend,
+                             int npend) noexcept nogil
     void roicore_max_box_f64(const double* img, int64_t W, int64_t C, int64_t PH, int64_t PW,
                              const int64_t* hs, const int64_t* he, const int64_t* ws,
                              const int64_t* we, double initial, double* acc, int32_t* arg,
-                             roicore_pending* pend, int npend) noexcept nogil
+                             int32_t abase, int32_t astep, roicore_pending* pend,
+                             int npend) noexcept nogil
     void roicore_align_bin_f32(const float* img, int64_t W, int64_t C, int64_t gy,
                                const int64_t* ylo, const int64_t* yhi, const float* ylw,
                                const float* yhw, int64_t gx, const int64_t* xlo,
@@ -543,10 +545,12 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
     are accumulated in a thread-local (bin, channel) buffer, which is then transposed into
     the output's contiguous (channel, bin) block, through a staging buffer and
     non-temporal stores when the output is large (see roicore_stream_copy), streamed during
-    the thread's next task (roicore_pending); the argmax likewise.  Whole-box buffers over all channels were 1.6 MB at c4_14x14 (1024 channels
-    x 14 x 14 bins, values and indices), so the transposes read them back from L3; a
-    block's are 100 KB and stay in L2.  Tasks run block-major, so a thread's consecutive
-    tasks read the same block of the map."""
+    the thread's next task (roicore_pending); the argmax likewise.  Whole-box buffers over
+    all channels were 1.6 MB at c4_14x14 (1024 channels x 14 x 14 bins, values and
+    indices), so the transposes read them back from L3; a block's are 100 KB and stay in
+    L2.  Tasks run block-major, so a thread's consecutive tasks read the same block of the
+    map.  A global argmax in int32 (MXNet's) gets each plane's offset into x from the
+    kernel as it stores a bin; an int64 one is offset after widening."""
     cdef Py_ssize_t K = out.shape[0], C = out.shape[1], PH = out.shape[2], PW = out.shape[3]
     cdef Py_ssize_t H = x.shape[2], W = x.shape[3], HW = H * W, P = PH * PW
     cdef Py_ssize_t B = _align_block(<floating>0)
@@ -559,6 +563,8 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
     cdef index_t[:, ::1] arg_staged_buf = _memory.empty(
         (n_threads, P * B), np.int64 if index_t is int64_t else np.int32)
     cdef bint stream = out.size * sizeof(floating) >= STREAM_BYTES
+    cdef bint offset_in_kernel = global_index and index_t is int32_t
+    cdef int32_t astep = HW if offset_in_kernel else 0, abase
     # per thread: the write-outs the next task streams (see roicore_pending): values, argmax
     cdef int64_t[:, ::1] pend_buf = _line_rows(n_threads, 2 * sizeof(roicore_pending))
     cdef roicore_pending* pend
@@ -598,15 +604,16 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
                 _await_block(packed, cb, N)
                 ready = cb
             img = &xb[0] + (batch[k] * C + c0) * HW
+            abase = <int32_t>((batch[k] * C + c0) * HW) if offset_in_kernel else 0
             # streams out the previous task's staged blocks as it goes, and finishes them
             if floating is float:
                 roicore_max_box_f32(img, W, nb, PH, PW, &hs[k, 0], &he[k, 0], &ws[k, 0],
                                     &we[k, 0], initial, acc, arg if want_argmax else NULL,
-                                    pend, npend)
+                                    abase, astep, pend, npend)
             else:
                 roicore_max_box_f64(img, W, nb, PH, PW, &hs[k, 0], &he[k, 0], &ws[k, 0],
                                     &we[k, 0], initial, acc, arg if want_argmax else NULL,
-                                    pend, npend)
+                                    abase, astep, pend, npend)
             out_k = &out[k, c0, 0, 0]
             if stream:
                 _unpack(acc, nb, P, nb, staged, P)
@@ -618,7 +625,7 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
                 arg_k = &argmax[k, c0, 0, 0]
                 arg_dst = arg_staged if stream else arg_k
                 _unpack_index(arg, nb, P, nb, arg_dst)
-                if global_index:
+                if global_index and not offset_in_kernel:
                     _to_global(arg_dst, nb, P, (batch[k] * C + c0) * HW, HW)
                 if stream:
                     roicore_pending_set(&pend[1], arg_k, arg_staged, nb * P * sizeof(index_t), PH)

@@ -16,11 +16,14 @@ from strategies import cases
 
 
 def assert_same(got, want):
-    """Bit-identical (NaN equal to NaN), with dtype and shape."""
+    """Bit-identical (NaN equal to NaN, zeros of the same sign), with dtype and shape."""
     assert got.dtype == want.dtype, (got.dtype, want.dtype)
     assert got.shape == want.shape, (got.shape, want.shape)
-    if not np.array_equal(got, want, equal_nan=True):
-        bad = np.flatnonzero(~((got == want) | (np.isnan(got) & np.isnan(want))))
+    same = got == want
+    if got.dtype.kind == "f":
+        same = (same & (np.signbit(got) == np.signbit(want))) | (np.isnan(got) & np.isnan(want))
+    if not same.all():
+        bad = np.flatnonzero(~same)
         i = np.unravel_index(bad[0], got.shape)
         raise AssertionError(f"{bad.size} of {got.size} elements differ; first at {i}: "
                              f"got {got[i]!r}, want {want[i]!r}")
@@ -62,6 +65,22 @@ def test_roi_pool_max_nan_and_infinity_rules(convention):
                                          MAX_POOL[convention])
         assert_same(y, y_ref)
         assert_same(am, am_ref)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("convention", sorted(MAX_POOL))
+def test_roi_pool_max_signed_zeros(dtype, convention):
+    """Bins whose maximum is a zero keep the sign of the zero each rule takes: with "greater",
+    the first (+0 > -0 is false).  72 channels: whole vector groups and a scalar tail."""
+    rng = np.random.default_rng(7)
+    x = rng.choice(np.array([-0.0, 0.0, -1.0], dtype), size=(2, 72, 6, 7))
+    boxes = np.array([[0, 0, 0, 6, 5], [1, 1, 0, 3, 3], [0, 2, 3, 2, 3], [1, 0, 2, 5, 4]], dtype)
+    y, am = rc.roi_pool(x, boxes, (3, 2), 1.0, convention=convention, return_argmax=True)
+    y_ref, am_ref = ref.roi_pool_max(x, boxes[:, 1:], boxes[:, 0].astype(np.int64), (3, 2),
+                                     1.0, MAX_POOL[convention])
+    assert np.signbit(y_ref[y_ref == 0]).any() and not np.signbit(y_ref[y_ref == 0]).all()
+    assert_same(y, y_ref)
+    assert_same(am, am_ref)
 
 
 def test_roi_pool_conventions_differ_where_the_spec_says():
