@@ -123,7 +123,7 @@ static inline void roicore_pending_finish_all(roicore_pending *p, int n) {
  *
  * float32 works on groups of 64 channels (8 vectors of 8 lanes; 32 channels when indices
  * are kept too, whose vectors take the other registers) held in vector registers (GCC/Clang
- * vector extensions: AVX2 registers in the AVX2 clone, pairs of SSE registers otherwise)
+ * vector extensions: AVX2 registers in the AVX2 copy, pairs of SSE registers otherwise)
  * for the whole bin, so a pixel costs one load per vector and no stores; then single
  * vectors.  Selects are bitwise, so every channel follows exactly the scalar rule.  float64
  * and the last C % 8 channels use a plain per-pixel loop over the row.
@@ -246,7 +246,7 @@ ROICORE_INLINE void roicore_max_bin_f64(const double *img, int64_t W, int64_t C,
  * roicore_pending) that the box streams a chunk of before each row of bins and finishes
  * before it returns. */
 #define ROICORE_MAX_BOX(NAME, T, BIN, TARGET, ATTR)                                            \
-    TARGET ROICORE_INLINE void NAME##_bins(                                                      \
+    TARGET ROICORE_INLINE void NAME##_bins(                                                \
         const T *img, int64_t W, int64_t C, int64_t PH, int64_t PW,                            \
         const int64_t *hs, const int64_t *he, const int64_t *ws, const int64_t *we, T initial, \
         T *restrict acc, int32_t *restrict arg, int32_t abase, int32_t astep,                  \
