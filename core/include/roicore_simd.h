@@ -573,9 +573,9 @@ ROICORE_TRANSPOSE(i32, int32_t, roicore_v8i, roicore_v8i)
 
 
 /* Argmax planes to flat indices into x: `rows` planes of n indices, plane r shifted by
- * base + r * step; -1 (no pixel) stays.  A select, so it vectorises: MXNet's global
- * argmax at c4_14x14 is 200 M values, and the scalar branchy loop this replaces was a
- * fifth of the forward. */
+ * base + r * step; -1 (no pixel) stays.  A select, so it vectorises.  For the per-plane
+ * max pool and for int64 indices; the channel-blocked kernel adds int32 offsets as it
+ * stores each bin (roicore_max_box_f32). */
 #define ROICORE_OFFSET_INDICES(SUFFIX, T)                                                      \
     ROICORE_CLONES static void roicore_offset_indices_##SUFFIX(T *a, int64_t rows, int64_t n,  \
                                                                int64_t base, int64_t step) {   \
