@@ -555,7 +555,7 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
     cdef Py_ssize_t H = x.shape[2], W = x.shape[3], HW = H * W, P = PH * PW
     cdef Py_ssize_t B = _align_block(<floating>0)
     cdef Py_ssize_t n_cb = (C + B - 1) // B, task, cb, c0, nb, k
-    cdef Py_ssize_t N = x.shape[0], ready
+    cdef Py_ssize_t N = x.shape[0], ready, base
     cdef floating[::1] xb = _memory.empty((max(x.size, 1),), _dtype(<floating>0))
     # per thread: (bin, channel) maxima, then the staged (channel, bin) block
     cdef floating[:, ::1] acc_buf = _memory.empty((n_threads, 2 * P * B), _dtype(<floating>0))
@@ -603,8 +603,9 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
             if cb != ready:
                 _await_block(packed, cb, N)
                 ready = cb
-            img = &xb[0] + (batch[k] * C + c0) * HW
-            abase = <int32_t>((batch[k] * C + c0) * HW) if offset_in_kernel else 0
+            base = (batch[k] * C + c0) * HW  # the block's first plane, in xb and in x
+            img = &xb[0] + base
+            abase = <int32_t>base if offset_in_kernel else 0
             # streams out the previous task's staged blocks as it goes, and finishes them
             if floating is float:
                 roicore_max_box_f32(img, W, nb, PH, PW, &hs[k, 0], &he[k, 0], &ws[k, 0],
@@ -626,7 +627,7 @@ cdef void _max_pool_blocked(const floating[:, :, :, ::1] x, const int64_t[::1] b
                 arg_dst = arg_staged if stream else arg_k
                 _unpack_index(arg, nb, P, nb, arg_dst)
                 if global_index and not offset_in_kernel:
-                    _to_global(arg_dst, nb, P, (batch[k] * C + c0) * HW, HW)
+                    _to_global(arg_dst, nb, P, base, HW)
                 if stream:
                     roicore_pending_set(&pend[1], arg_k, arg_staged, nb * P * sizeof(index_t), PH)
                     npend = 2
