@@ -304,6 +304,8 @@ def scaling_rows(rows, threads, scale):
         s = dict(workload=wl, operator=op, direction=d, threads=threads,
                  ms_1=one["median_ms"], ms_n=many["median_ms"],
                  speedup=one["median_ms"] / many["median_ms"],
+                 # each round times both thread counts, so each round gives a speedup too
+                 round_speedups=[a / b for a, b in zip(one["times_ms"], many["times_ms"])],
                  output_elements=elems, input_elements=input_elements(wl, scale),
                  ns_per_element=many["median_ms"] * 1e6 / elems if elems else None,
                  extra_mb=many.get("extra_mb"), extra_mb_1=one.get("extra_mb"),
@@ -405,21 +407,24 @@ def print_scaling(report):
     print()
     t = report["target"]
     show_target = any("meets_target" in s for s in report["scaling"])
-    head = ["workload", "op", "direction", "ms 1 thr", f"ms {n} thr", "speedup",
+    head = ["workload", "op", "direction", "ms 1 thr", f"ms {n} thr", "speedup", "per round",
             f"ns/elem {n} thr", "extra MB"] + ([f"target >= {t['speedup']}x"] if show_target else [])
     rows = []
     for s in report["scaling"]:
         row = [s["workload"], s["operator"], s["direction"], _fmt_ms(s["ms_1"]), _fmt_ms(s["ms_n"]),
                f"{s['speedup']:.2f}x",
+               f"{min(s['round_speedups']):.2f}-{max(s['round_speedups']):.2f}x",
                f"{s['ns_per_element']:.3g}" if s["ns_per_element"] is not None else "-",
                _fmt_mb(s["extra_mb"])]
         if show_target:
             row.append({True: "met", False: "MISSED"}.get(s.get("meets_target"), "-"))
         rows.append(row)
-    print(table(head, rows, "lllrrrrr" + ("l" if show_target else "")))
+    print(table(head, rows, "lllrrrrrr" + ("l" if show_target else "")))
     print()
     _note(f"speedup = ms at 1 thread / ms at {n} threads (the worker's idle OpenMP threads "
           "sleep: OMP_WAIT_POLICY=PASSIVE, as in the framework comparison)")
+    _note("per round = the lowest and highest of the rounds' own speedups (each round times "
+          "both thread counts): how far the same code's speedup moves within this run")
     _note(f"ns/elem = ms at {n} threads / (K * C_out * PH * PW), the pooled output elements "
           "(fwd+bwd: the same count); work proportional to the input (NHWC copy of x, zeroing "
           "dx) is not normalised away")

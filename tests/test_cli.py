@@ -327,6 +327,9 @@ def test_bench_scaling_quick(scaling_quick):
         assert s["ms_1"] == timed[(wl, op, d, 1)]["median_ms"]
         assert s["ms_n"] == timed[(wl, op, d, 2)]["median_ms"]
         assert s["speedup"] > 0 and s["speedup"] == pytest.approx(s["ms_1"] / s["ms_n"])
+        assert s["round_speedups"] == pytest.approx(
+            [t1 / t2 for t1, t2 in zip(timed[(wl, op, d, 1)]["times_ms"],
+                                       timed[(wl, op, d, 2)]["times_ms"])])
         elems = pooled_elements(report["workloads"][wl], op)
         assert s["output_elements"] == elems > 0
         assert s["ns_per_element"] == pytest.approx(s["ms_n"] * 1e6 / elems)
@@ -352,6 +355,10 @@ def test_bench_scaling_quick(scaling_quick):
         assert mem["extra"] <= 8 * (x_bytes + mem["outputs"]) + 2**20, s
     out = " ".join(proc.stdout.split())      # notes are wrapped
     assert "speedup" in out and "ns/elem 2 thr" in out and "extra MB" in out
+    assert "per round" in out
+    for s in report["scaling"]:
+        lo, hi = min(s["round_speedups"]), max(s["round_speedups"])
+        assert f"{s['speedup']:.2f}x {lo:.2f}-{hi:.2f}x" in out, s
     assert "not evaluated on this run" in out and "MISSED" not in out
     # the memory bandwidth the speedups are bounded by, at both thread counts
     bw = {b["kind"]: b for b in report["bandwidth"]}
