@@ -14,7 +14,7 @@ def main(wheel, sdist):
     assert not leaked, f"wheel carries sources: {leaked}"
     members = [m.split("/", 1)[1] for m in tarfile.open(sdist).getnames() if "/" in m]
     for needed in ("core/_kernels.pyx", "core/include/roicore_omp.h", "setup.py",
-                   "pyproject.toml", "tests/reference.py", "tests/test_ops.py", "README.md"):
+                   "pyproject.toml", "tests/reference.py", "tests/core/test_ops.py", "README.md"):
         assert needed in members, f"sdist lacks {needed}"
     generated = [m for m in members if m.endswith((".c", ".so"))]
     assert not generated, f"sdist carries generated files: {generated}"

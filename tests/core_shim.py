@@ -1,6 +1,6 @@
 """The compiled core behind the reference's function signatures.
 
-tests/test_worked_examples.py runs every worked example twice, once on tests/reference.py
+tests/core/test_worked_examples.py runs every worked example twice, once on tests/reference.py
 and once on this module, so the documents' numbers pin both implementations.  Helpers
 that only the reference has (c_round, caffe_bin_edges, numeric_grad) are passed through.
 """

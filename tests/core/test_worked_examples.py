@@ -19,11 +19,9 @@ import sys
 import numpy as np
 import pytest
 
-_HERE = pathlib.Path(__file__).resolve().parent
-if str(_HERE) not in sys.path:
-    sys.path.insert(0, str(_HERE))
+import reference  # tests/ is on sys.path (tests/conftest.py)
 
-import reference  # noqa: E402
+_REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(params=["reference", "core"])
@@ -39,7 +37,7 @@ def _load_conventions():
     name = "_roicore_conventions_for_reference_tests"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, _HERE.parent / "core" / "conventions.py")
+    spec = importlib.util.spec_from_file_location(name, _REPO / "core" / "conventions.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
