@@ -1,6 +1,7 @@
-"""Check the built wheel and sdist: the wheel ships the compiled module and Python files but
-no Cython or C sources; the sdist ships the Cython sources, headers and tests, and no
-generated C or binaries."""
+"""Check the built wheel and sdist: the wheel ships the compiled binding, the Python files,
+and the C library for native ops (roicore/core/include/roicore.h, roicore/core/lib/
+libroicore.a) but no other sources; the sdist ships the C and Cython sources, headers and
+tests, and no generated C or binaries."""
 import sys
 import tarfile
 import zipfile
@@ -8,17 +9,24 @@ import zipfile
 
 def main(wheel, sdist):
     names = zipfile.ZipFile(wheel).namelist()
-    assert any(n.startswith("roicore/core/_kernels") and n.endswith(".so") for n in names), names
-    assert "roicore/core/ops.py" in names and "roicore/adapters/__init__.py" in names, names
-    leaked = [n for n in names if n.endswith((".pyx", ".pxd", ".pxi", ".c", ".h"))]
+    assert any(n.startswith("roicore/core/_binding") and n.endswith(".so") for n in names), names
+    assert any(n.startswith("roicore/cli/_bandwidth") and n.endswith(".so") for n in names), names
+    for needed in ("roicore/core/ops.py", "roicore/adapters/__init__.py",
+                   "roicore/core/include/roicore.h", "roicore/core/lib/libroicore.a"):
+        assert needed in names, f"wheel lacks {needed}"
+    leaked = [n for n in names if n.endswith((".pyx", ".pxd", ".pxi", ".c", ".h"))
+              and n != "roicore/core/include/roicore.h"]
     assert not leaked, f"wheel carries sources: {leaked}"
     members = [m.split("/", 1)[1] for m in tarfile.open(sdist).getnames() if "/" in m]
-    for needed in ("core/_kernels.pyx", "core/include/roicore_omp.h", "setup.py",
-                   "pyproject.toml", "tests/reference.py", "tests/core/test_ops.py", "README.md"):
+    for needed in ("core/_binding.pyx", "core/csrc/roicore.h", "core/csrc/roi_align.c",
+                   "cli/_bandwidth.pyx", "setup.py", "pyproject.toml", "tests/reference.py",
+                   "tests/core/test_ops.py", "README.md"):
         assert needed in members, f"sdist lacks {needed}"
-    generated = [m for m in members if m.endswith((".c", ".so"))]
+    generated = [m for m in members if m.endswith((".so", ".a", ".o"))
+                 or (m.endswith(".c") and not m.startswith("core/csrc/"))]
     assert not generated, f"sdist carries generated files: {generated}"
-    print(f"wheel: {len(names)} files, no sources; sdist: {len(members)} entries, sources and tests")
+    print(f"wheel: {len(names)} files, the C library's header and archive, no other sources; "
+          f"sdist: {len(members)} entries, sources and tests")
 
 
 if __name__ == "__main__":

@@ -362,18 +362,18 @@ BANDWIDTH_BYTES = 256 << 20
 
 def memory_bandwidth(counts, repeats, nbytes=BANDWIDTH_BYTES):
     """GB/s of one pass over `nbytes` (far more than the caches hold) for each kind of
-    traffic roicore.core's bandwidth_probe makes (its PROBE_MODES) at each thread count,
-    interleaved rounds, medians."""
+    traffic the bandwidth probe makes (its PROBE_MODES) at each thread count, interleaved
+    rounds, medians."""
     import numpy as np
-    from roicore.core import _kernels
-    kinds = _kernels.PROBE_MODES
+    from . import _bandwidth
+    kinds = _bandwidth.PROBE_MODES
     buf = np.ones(nbytes, np.uint8)  # touched, so no pass pays its page faults
     times = {(kind, n): [] for kind in kinds for n in counts}
     for _ in range(max(repeats, 3)):
         for kind, mode in kinds.items():
             for n in counts:
                 t0 = time.perf_counter()
-                _kernels.bandwidth_probe(buf, mode, n)
+                _bandwidth.bandwidth_probe(buf, mode, n)
                 times[(kind, n)].append(time.perf_counter() - t0)
     rows = []
     for kind in kinds:

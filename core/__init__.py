@@ -11,15 +11,21 @@ Each takes a ``convention`` naming the framework whose arithmetic to reproduce b
 
 Large outputs come from a cache of freed output memory, as the frameworks' allocators do
 (:func:`set_output_cache_limit`, :func:`release_output_cache`); every function also takes
-``out=`` to write into a buffer of the caller's.
+``out=`` to write into a buffer of the caller's.  No allocation of a call may pass
+:func:`get_memory_limit` (physical memory by default).
+
+The kernels are a C library with a C API; :func:`get_include` and :func:`get_library_dir`
+say where its header ``roicore.h`` and static library ``libroicore.a`` are installed, so
+that a native operator built on this machine links the same kernels.
 """
+import os as _os
 try:
-    from . import _kernels  # noqa: F401
+    from . import _binding  # noqa: F401
 except ImportError as exc:  # pragma: no cover - exercised only by broken installs
     import sys
 
     raise ImportError(
-        "roicore.core could not load its compiled extension roicore.core._kernels "
+        "roicore.core could not load its compiled extension roicore.core._binding "
         f"for Python {sys.version_info.major}.{sys.version_info.minor} ({exc}). "
         "Rebuild it from the source checkout with `pip install .` (or `pip install -e .` "
         "for development); if you are running from the repository root, make sure the "
@@ -27,7 +33,10 @@ except ImportError as exc:  # pragma: no cover - exercised only by broken instal
     ) from exc
 
 from . import conventions
-from ._memory import output_cache_stats, release_output_cache, set_output_cache_limit
+from ._memory import (
+    get_memory_limit, output_cache_stats, release_output_cache, set_memory_limit,
+    set_output_cache_limit,
+)
 from ._threads import effective_n_threads, openmp_enabled
 from .ops import (
     psroi_pool, psroi_pool_backward, roi_align, roi_align_backward, roi_pool,
@@ -40,4 +49,22 @@ __all__ = [
     "roi_pool", "roi_pool_backward", "psroi_pool", "psroi_pool_backward", "roi_align",
     "roi_align_backward", "conventions", "openmp_enabled", "effective_n_threads",
     "set_output_cache_limit", "release_output_cache", "output_cache_stats",
+    "get_memory_limit", "set_memory_limit", "get_include", "get_library_dir", "get_link_args",
 ]
+
+
+def get_include():
+    """The directory holding ``roicore.h``, the C API (as ``numpy.get_include`` does)."""
+    return _os.path.join(_os.path.dirname(__file__), "include")
+
+
+def get_library_dir():
+    """The directory holding ``libroicore.a``, the kernels as a static, position-independent
+    library."""
+    return _os.path.join(_os.path.dirname(__file__), "lib")
+
+
+def get_link_args():
+    """What a native operator's link step needs to use the library: ``-L<dir> -lroicore``,
+    and the OpenMP runtime when the library was built with OpenMP."""
+    return ["-L" + get_library_dir(), "-lroicore"] + (["-fopenmp"] if openmp_enabled() else [])

@@ -1,4 +1,10 @@
-"""Where roicore.core's outputs live: a cache of large freed output blocks.
+"""Where roicore.core's outputs live: the memory limit, and a cache of large freed output
+blocks.
+
+roicore refuses, with MemoryError, any single allocation of a call beyond its memory limit
+(the machine's physical memory unless set otherwise), before anything is allocated: the
+outputs it allocates here, and the scratch its C kernels allocate (the C API keeps the
+limit, so both sides use one value).
 
 A fresh NumPy array of a few hundred MB comes from ``mmap``, and the kernel zeroes each of
 its pages on first touch; ``free`` hands them straight back.  For RoI outputs that is a
@@ -21,6 +27,8 @@ import os
 import threading
 
 import numpy as np
+
+from . import _binding
 
 ALIGNMENT = 64
 # Smaller requests skip the cache.  glibc's malloc raises its mmap threshold to the size
@@ -152,6 +160,33 @@ class OutputCache:
 
 _CACHE = OutputCache(_default_limit())
 empty = _CACHE.empty
+
+
+def get_memory_limit():
+    """The most bytes one allocation of a roicore.core call may take (0: no limit)."""
+    return _binding.get_memory_limit()
+
+
+def set_memory_limit(nbytes):
+    """Set the most bytes one allocation of a call may take, outputs and scratch alike
+    (0: no limit); returns the previous limit.  A call that would pass it raises MemoryError
+    naming what it would allocate, before allocating anything."""
+    try:
+        nbytes = operator.index(nbytes)
+    except TypeError:
+        raise TypeError(f"nbytes must be an int, got {type(nbytes).__name__}") from None
+    if nbytes < 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+    previous = _binding.get_memory_limit()
+    _binding.set_memory_limit(nbytes)
+    return previous
+
+
+def check_limit(nbytes, what):
+    limit = _binding.get_memory_limit()
+    if limit and nbytes > limit:
+        raise MemoryError(f"{what} would take {nbytes} bytes, over roicore's memory limit of "
+                          f"{limit} bytes (roicore.core.set_memory_limit changes it)")
 
 
 def set_output_cache_limit(nbytes):

@@ -2,15 +2,10 @@
 from __future__ import annotations
 
 import operator
-import os
 
-from ._kernels import omp_max_threads, openmp_enabled
+from ._binding import MAX_THREADS, openmp_enabled, resolve_threads
 
 __all__ = ["openmp_enabled", "effective_n_threads"]
-
-# libgomp dies (SIGSEGV) when asked for tens of thousands of threads; no RoI workload
-# gains anything past a few per core, so larger requests are refused up front.
-MAX_THREADS = 1024
 
 
 def effective_n_threads(n_threads=None) -> int:
@@ -18,8 +13,12 @@ def effective_n_threads(n_threads=None) -> int:
 
     ``None`` follows ``OMP_NUM_THREADS`` (through ``omp_get_max_threads``, so threadpoolctl
     limits apply too) capped by the CPUs this process may run on; a positive ``n`` asks
-    for ``n``; a negative ``n`` means all CPUs but ``|n| - 1`` (-1 is all of them).  A
-    build without OpenMP always returns 1.
+    for ``n``; a negative ``n`` means all CPUs but ``|n| - 1`` (-1 is all of them).  At most
+    1024 are asked for, and a count the process cannot start (container thread limits) is
+    lowered to what it can.  A build without OpenMP returns 1, and so does a process forked
+    after roicore ran threads: libgomp cannot start a thread team in such a child, so it
+    runs every call on one thread (use multiprocessing's "spawn" or "forkserver" start
+    methods for parallel workers).  The policy lives in the C API (roicore_resolve_threads).
     """
     if n_threads is not None:
         if isinstance(n_threads, bool):
@@ -35,18 +34,8 @@ def effective_n_threads(n_threads=None) -> int:
                              "count relative to the CPU count, or None")
         if n_threads > MAX_THREADS:
             raise ValueError(f"n_threads must be at most {MAX_THREADS}, got {n_threads}")
+        if n_threads < -(2**31):
+            n_threads = -(2**31)  # all CPUs but more than there are: one thread
     if not openmp_enabled():
         return 1
-    # (the CPU count is a system call: only the cases that need it ask)
-    if n_threads is None:
-        return max(1, min(omp_max_threads(), _cpu_count()))
-    if n_threads < 0:
-        return max(1, _cpu_count() + 1 + n_threads)
-    return n_threads
-
-
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return resolve_threads(0 if n_threads is None else n_threads)

@@ -1,8 +1,11 @@
 """Argument checks and normalisation for the NumPy API.
 
-Everything the kernels assume (see the contract at the top of ``_kernels.pyx``) is
-established here, before any kernel runs.  Messages name the argument, what was expected
-and what came.
+Arrays reach the C API C-contiguous, aligned and in the dtypes it takes; every argument is
+checked here first, so that errors name the user's argument (``batch_indices[3]``,
+``boxes[:, 0][2]``) and nothing is allocated or computed for a call that will fail.  The
+data checks run through the C API's own functions (batch indices, coordinates), and its
+entry points check everything again.  Messages name the argument, what was expected and
+what came.
 """
 from __future__ import annotations
 
@@ -12,18 +15,35 @@ import operator
 
 import numpy as np
 
-from . import _kernels, _memory
+from . import _binding, _memory
 
 # Scaled box coordinates must stay within +-2**24 feature-map pixels: float32 stops
 # representing every integer there, and beyond 2**31 the frameworks' float-to-int
-# conversions are undefined behaviour.
+# conversions are undefined behaviour.  (The C API's ROICORE_MAX_SCALED_COORD.)
 MAX_SCALED_COORD = float(2**24)
 
 # RoIAlign takes grid_h * grid_w samples per bin (sampling_ratio**2, or ceil(bin)**2 when
 # adaptive); a runaway grid would otherwise look like a hang.  2**20 samples per bin is a
-# ~1000-pixel-wide bin sampled at every pixel.
+# ~1000-pixel-wide bin sampled at every pixel; an axis takes at most 2**16.  (The C API's
+# ROICORE_MAX_SAMPLES_PER_BIN, ROICORE_MAX_GRID and ROICORE_MAX_SAMPLING_RATIO.)
 MAX_SAMPLES_PER_BIN = 2**20
+MAX_GRID = 2**16
 MAX_SAMPLING_RATIO = 2**10
+
+
+def contiguous(arr, dtype=None):
+    """``arr`` C-contiguous, aligned and (when given) of ``dtype``: a copy only if needed.
+    (np.ascontiguousarray keeps an unaligned array as it is.)"""
+    out = np.ascontiguousarray(arr, dtype=dtype)
+    return out if out.flags.aligned else out.copy()
+
+
+def empty(shape, dtype, name="out"):
+    """An output array from the output cache, refused with MemoryError naming ``name`` and
+    the bytes when it would pass roicore's memory limit (before anything is allocated)."""
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    _memory.check_limit(nbytes, f"{name} of shape {tuple(shape)} ({np.dtype(dtype)})")
+    return _memory.empty(shape, dtype)
 
 
 def nchw_float(a, name, dims="(N, C, H, W)"):
@@ -40,11 +60,13 @@ def nchw_float(a, name, dims="(N, C, H, W)"):
         last = dims.strip("()").split(", ")[2:]
         raise ValueError(f"{name} must have {last[0]} >= 1 and {last[1]} >= 1, got shape {arr.shape}")
     compute = np.float32 if arr.dtype.itemsize == 2 else arr.dtype
-    return np.ascontiguousarray(arr, dtype=compute), arr.dtype
+    return contiguous(arr, compute), arr.dtype
 
 
 def input_shape(shape, name="input_shape"):
     try:
+        if any(isinstance(s, (bool, np.bool_)) for s in shape):
+            raise TypeError
         shape = tuple(operator.index(s) for s in shape)
     except TypeError:
         raise TypeError(f"{name} must be a sequence of 4 ints (N, C, H, W), got {shape!r}") from None
@@ -64,15 +86,15 @@ def out_buffer(out, shape, dtype, inputs, name="out"):
     """A caller's output buffer to write into, or one from the output cache when ``out``
     is None (see _memory: a fresh large allocation costs page faults on every call)."""
     if out is None:
-        return _memory.empty(shape, dtype)
+        return empty(shape, dtype, name)
     if not isinstance(out, np.ndarray):
         raise TypeError(f"{name} must be a NumPy array, got {type(out).__name__}")
     if out.dtype != dtype or out.shape != tuple(shape):
         raise ValueError(f"{name} must be a {np.dtype(dtype)} array of shape {tuple(shape)}, "
                          f"got {out.dtype} {out.shape}")
-    if not (out.flags.c_contiguous and out.flags.writeable):
-        raise ValueError(f"{name} must be C-contiguous and writeable")
-    if any(np.shares_memory(out, a) for a in inputs):
+    if not (out.flags.c_contiguous and out.flags.writeable and out.flags.aligned):
+        raise ValueError(f"{name} must be C-contiguous, aligned and writeable")
+    if any(isinstance(a, np.ndarray) and np.shares_memory(out, a) for a in inputs):
         raise ValueError(f"{name} must not share memory with the inputs")
     return out
 
@@ -155,7 +177,7 @@ def boxes_and_batch(boxes, batch_indices, n_images, dtype, name="boxes"):
         if col.dtype in (np.float32, np.float64):
             # the common case in one C pass; the NumPy checks below find the culprit
             batch = np.empty(arr.shape[0], np.int64)
-            if _kernels.batch_column(col, n_images, batch):
+            if _binding.batch_from_column(col, n_images, batch) is None:
                 return _coordinates(arr[:, 1:], dtype, name), batch
         if col.dtype.kind == "f" and not np.all(np.isfinite(col)):
             k = int(np.flatnonzero(~np.isfinite(col))[0])
@@ -186,15 +208,15 @@ def boxes_and_batch(boxes, batch_indices, n_images, dtype, name="boxes"):
             and not (float(raw.min()) >= 0 and float(raw.max()) < n_images)):
         _batch_out_of_range(raw, batch_name, n_images)
     batch = raw.astype(np.int64)
-    if not _kernels.batch_in_range(batch, n_images):
+    if not _binding.batch_in_range(batch, n_images):
         _batch_out_of_range(raw, batch_name, n_images)
     return _coordinates(coords, dtype, name), batch
 
 
 def _coordinates(coords, dtype, name):
     """C-contiguous (K, 4) box coordinates in ``dtype``, checked to be finite."""
-    coords = np.ascontiguousarray(coords, dtype=dtype)
-    if _kernels.box_reach(coords) == math.inf:
+    coords = contiguous(coords, dtype)
+    if not _binding.coords_ok(coords, 0, 0):
         k, j = (int(i[0]) for i in np.nonzero(~np.isfinite(coords)))
         raise ValueError(f"{name} coordinates must be finite, got {coords[k, j]} "
                          f"in box {k}")
@@ -212,13 +234,8 @@ def _batch_out_of_range(raw, batch_name, n_images):
 
 def coordinate_range(coords, scale_x, scale_y, name="boxes"):
     """Reject boxes whose scaled coordinates leave +-MAX_SCALED_COORD (see above)."""
-    if coords.size == 0:
-        return
-    # One reduction decides the common case (half the limit leaves room for the rounding
-    # of the product); the per-column check only runs, to find and report the culprit,
-    # when the largest coordinate might be too far.
-    if _kernels.box_reach(coords) * max(abs(scale_x), abs(scale_y)) <= MAX_SCALED_COORD / 2:
-        return
+    if coords.size == 0 or _binding.coords_ok(coords, scale_x, scale_y):
+        return  # the C API's check; NumPy only finds the culprit
     reach = np.abs(coords.astype(np.float64)) * np.array([scale_x, scale_y, scale_x, scale_y])
     if not reach.max() <= MAX_SCALED_COORD:
         k, j = np.unravel_index(int(np.argmax(reach)), reach.shape)
@@ -233,8 +250,10 @@ def adaptive_grid(coords, spatial_scale, output_size, sampling_ratio_, name="box
     size = (coords[:, 2:] - coords[:, :2]).astype(np.float64) * spatial_scale
     grid = np.ceil(np.maximum(size, 0) / np.array(output_size[::-1], dtype=np.float64))
     samples = grid[:, 0] * grid[:, 1]
-    if samples.max() > MAX_SAMPLES_PER_BIN:
-        k = int(np.argmax(samples))
+    bad = (samples > MAX_SAMPLES_PER_BIN) | (grid.max(axis=1) > MAX_GRID)
+    if bad.any():
+        k = int(np.argmax(bad))
         raise ValueError(f"{name}[{k}] would take {int(grid[k, 1])} x {int(grid[k, 0])} samples "
                          f"per bin with adaptive sampling (sampling_ratio={sampling_ratio_}); at "
-                         f"most {MAX_SAMPLES_PER_BIN} are supported: pass sampling_ratio > 0")
+                         f"most {MAX_GRID} per axis and {MAX_SAMPLES_PER_BIN} per bin are "
+                         "supported: pass sampling_ratio > 0")

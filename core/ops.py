@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _kernels, _memory
+from . import _binding, _memory
 from . import _validate as V
 from ._threads import effective_n_threads
 from .conventions import (
@@ -48,10 +48,6 @@ __all__ = [
 ]
 
 _METHODS = ("max", "bilinear")
-_BINS = {"float32": 0, "float64": 1, "exact": 2}
-_COMPARE = {"greater": 0, "std_max": 1, "fmax": 2}
-_SAMPLER = {"caffe2": 0, "paddle": 1}
-_FLT_MAX = float(np.finfo(np.float32).max)
 
 
 def _scale_for(rules, spatial_scale, dtype):
@@ -65,21 +61,12 @@ def _scale_for(rules, spatial_scale, dtype):
     return V.held_scale(spatial_scale, held)
 
 
-def _output(out, shape, xc, out_dtype, *also_read):
-    """The array a kernel writes into: fresh, or the caller's ``out`` (which must not
-    overlap ``xc`` or anything else the kernel reads)."""
+def _output(out, shape, xc, out_dtype, *also_read, name="out"):
+    """The array a kernel writes into (every kernel writes all of it): fresh, or the
+    caller's ``out``, which must not overlap ``xc`` or anything else the kernel reads."""
     if out is not None and out_dtype == np.float16:
         raise TypeError("out= is not supported for float16 input, which is computed in float32")
-    return V.out_buffer(out, shape, xc.dtype, (xc,) + also_read)
-
-
-def _gradient(out, shape, g, out_dtype, *also_read):
-    """The zero-filled dx a backward kernel adds into.  The max-pool, PS-RoI and RoIAlign
-    backwards write every element of dx themselves (zeroing their own share in parallel,
-    next to the additions) and take a plain _output instead."""
-    dx = _output(out, shape, g, out_dtype, *also_read)
-    dx.fill(0)
-    return dx
+    return V.out_buffer(out, shape, xc.dtype, (xc,) + also_read, name=name)
 
 
 def _method(method):
@@ -94,27 +81,6 @@ def _pool_rules(method, convention):
                        "roi_pool(method='max')")
     return resolve("openvino" if convention is None else convention, BILINEAR_POOL,
                    BilinearPoolRules, "roi_pool(method='bilinear')")
-
-
-def _max_kernel_args(rules, dtype):
-    bins = rules.bin_arithmetic
-    if bins == "input":
-        bins = "float32" if dtype == np.float32 else "float64"
-    if rules.initial == "-FLT_MAX":
-        initial = -_FLT_MAX
-    elif rules.initial == "lowest":
-        initial = float(np.finfo(dtype).min)
-    else:  # "nan"; unused by "first", which starts from the bin's first element
-        initial = float("nan")
-    return (_BINS[bins], rules.scale_product == "float64", _COMPARE[rules.compare], initial,
-            rules.initial == "first")
-
-
-def _argmax_dtype(rules, n_elements):
-    """The framework's argmax dtype, widened when the indices would not fit."""
-    if rules.argmax_dtype == "int32" and n_elements < 2**31:
-        return np.int32
-    return np.int64
 
 
 def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, method="max",
@@ -161,21 +127,21 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, me
     coords, batch = V.boxes_and_batch(boxes, batch_indices, xc.shape[0], xc.dtype)
     threads = effective_n_threads(n_threads)
     N, C, H, W = xc.shape
-    out = _output(out, (coords.shape[0], C, PH, PW), xc, out_dtype)
     if method == "max":
         scale = _scale_for(rules, spatial_scale, xc.dtype)
         V.coordinate_range(coords, scale, scale)
-        # an argmax with no rows tells the kernel not to compute it
-        is_global = rules.argmax == "global"
-        argmax = _memory.empty(out.shape if return_argmax else (0,) + out.shape[1:],
-                               _argmax_dtype(rules, xc.size if is_global else H * W))
-        _kernels.roi_pool_max_forward(xc, coords, batch, scale, *_max_kernel_args(rules, xc.dtype),
-                                      out, argmax, is_global, threads)
+        out = _output(out, (coords.shape[0], C, PH, PW), xc, out_dtype, boxes, batch_indices)
+        argmax = None
+        if return_argmax:
+            argmax = V.empty(out.shape, _binding.max_pool_argmax_dtype(rules, xc.shape), "argmax")
+        _binding.roi_pool_max_forward(rules, xc, coords, batch, spatial_scale, out, argmax,
+                                      threads)
         y = out.astype(out_dtype, copy=False)
         return (y, argmax) if return_argmax else y
-    V.coordinate_range(coords, W - 1, H - 1)
-    _kernels.roi_pool_bilinear_forward(xc, coords, batch, rules.pin_last, rules.fused_lerp,
-                                       extrapolation_value, out, threads)
+    V.coordinate_range(coords, max(W - 1, 1), max(H - 1, 1))
+    out = _output(out, (coords.shape[0], C, PH, PW), xc, out_dtype, boxes, batch_indices)
+    _binding.roi_pool_bilinear_forward(rules, xc, coords, batch, extrapolation_value, out,
+                                       threads)
     return out.astype(out_dtype, copy=False)
 
 
@@ -202,15 +168,14 @@ def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, bat
             raise TypeError("roi_pool_backward(method='max') needs the argmax returned by "
                             "roi_pool(..., return_argmax=True)")
         a = _argmax_array(argmax, rules, g.shape, shape)
-        dx = _output(out, shape, g, out_dtype, a)  # the kernel writes all of it
-        if _kernels.roi_pool_max_backward(g, a, batch, rules.argmax == "global", dx, threads):
-            raise _argmax_error(rules, shape)
+        dx = _output(out, shape, g, out_dtype, a, boxes, batch_indices, name="out")
+        _binding.roi_pool_max_backward(rules, g, a, batch, dx, threads)
     else:
         if argmax is not None:
             raise ValueError("argmax is only used by method='max'; bilinear pooling has none")
-        V.coordinate_range(coords, W - 1, H - 1)
-        dx = _gradient(out, shape, g, out_dtype)
-        _kernels.roi_pool_bilinear_backward(g, coords, batch, rules.pin_last, dx, threads)
+        V.coordinate_range(coords, max(W - 1, 1), max(H - 1, 1))
+        dx = _output(out, shape, g, out_dtype, boxes, batch_indices)
+        _binding.roi_pool_bilinear_backward(rules, g, coords, batch, dx, threads)
     return dx.astype(out_dtype, copy=False)
 
 
@@ -229,13 +194,20 @@ def _argmax_array(argmax, rules, expected_shape, input_shape):
         if a.size and (a.min() < -1 or a.max() >= np.prod(input_shape, dtype=np.int64)):
             raise _argmax_error(rules, input_shape)
         a = a.astype(np.int64)
-    return np.ascontiguousarray(a)
+    return V.contiguous(a)
 
 
 def _argmax_error(rules, input_shape):
-    return ValueError(f"argmax holds indices outside [-1, {input_shape[2] * input_shape[3]}) "
-                      f"for {rules.argmax!r} encoding and input shape {tuple(input_shape)}; "
-                      "pass the argmax returned by roi_pool with the same boxes and convention")
+    """The C API's message for an argmax the backward cannot follow."""
+    N, C, H, W = input_shape
+    if rules.argmax == "global":
+        where = ("outside their own (box, channel) plane for 'global' encoding (flat indices "
+                 "into the input: -1, or in [(n*C + c)*H*W, (n*C + c + 1)*H*W) for box image "
+                 "n, channel c)")
+    else:
+        where = f"outside [-1, {H * W}) for 'plane' encoding"
+    return ValueError(f"argmax holds indices {where} and input shape {tuple(input_shape)}; pass "
+                      "the argmax returned by roi_pool with the same boxes and convention")
 
 
 def _psroi_setup(output_size, group_size, C, output_channels, channels_of="x"):
@@ -286,8 +258,9 @@ def psroi_pool(x, boxes, output_size, spatial_scale=1.0, *, output_channels=None
     coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype)
     scale = _scale_for(rules, spatial_scale, xc.dtype)
     V.coordinate_range(coords, scale, scale)
-    out = _output(out, (coords.shape[0], D, PH, PW), xc, out_dtype)
-    _kernels.psroi_pool_forward(xc, coords, batch, scale, GH, GW, out, effective_n_threads(n_threads))
+    threads = effective_n_threads(n_threads)
+    out = _output(out, (coords.shape[0], D, PH, PW), xc, out_dtype, boxes, batch_indices)
+    _binding.psroi_pool_forward(rules, xc, coords, batch, spatial_scale, GH, GW, out, threads)
     return out.astype(out_dtype, copy=False)
 
 
@@ -305,10 +278,9 @@ def psroi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, g
     V.expect_shape(g, (coords.shape[0], D) + g.shape[2:], "grad_output")
     scale = _scale_for(rules, spatial_scale, g.dtype)
     V.coordinate_range(coords, scale, scale)
-    # the kernel writes every element of dx (each group cell's task unpacks its whole,
-    # zeroed slab): zero-filling 7.8 MB first cost 10 % of the call
-    dx = _output(out, shape, g, out_dtype)
-    _kernels.psroi_pool_backward(g, coords, batch, scale, GH, GW, dx, effective_n_threads(n_threads))
+    threads = effective_n_threads(n_threads)
+    dx = _output(out, shape, g, out_dtype, boxes, batch_indices)
+    _binding.psroi_pool_backward(rules, g, coords, batch, spatial_scale, GH, GW, dx, threads)
     return dx.astype(out_dtype, copy=False)
 
 
@@ -347,10 +319,10 @@ def roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, align
     scale = _scale_for(rules, spatial_scale, xc.dtype)
     V.coordinate_range(coords, scale, scale)
     V.adaptive_grid(coords, scale, (PH, PW), sampling_ratio)
-    out = _output(out, (coords.shape[0], C, PH, PW), xc, out_dtype)
-    _kernels.roi_align_forward(xc, coords, batch, scale, sampling_ratio, aligned,
-                               _SAMPLER[rules.sampler], rules.empty_grid == "nan", out,
-                               effective_n_threads(n_threads))
+    threads = effective_n_threads(n_threads)
+    out = _output(out, (coords.shape[0], C, PH, PW), xc, out_dtype, boxes, batch_indices)
+    _binding.roi_align_forward(rules, xc, coords, batch, spatial_scale, sampling_ratio, aligned,
+                               out, threads)
     return out.astype(out_dtype, copy=False)
 
 
@@ -372,9 +344,8 @@ def roi_align_backward(grad_output, boxes, input_shape, spatial_scale=1.0, sampl
     scale = _scale_for(rules, spatial_scale, g.dtype)
     V.coordinate_range(coords, scale, scale)
     V.adaptive_grid(coords, scale, (PH, PW), sampling_ratio)
-    # the kernel writes every element of dx (it accumulates into a zeroed blocked copy,
-    # then transposes all of it into dx)
-    dx = _output(out, shape, g, out_dtype)
-    _kernels.roi_align_backward(g, coords, batch, scale, sampling_ratio, aligned,
-                                rules.backward_min_size_always, dx, effective_n_threads(n_threads))
+    threads = effective_n_threads(n_threads)
+    dx = _output(out, shape, g, out_dtype, boxes, batch_indices)
+    _binding.roi_align_backward(rules, g, coords, batch, spatial_scale, sampling_ratio, aligned,
+                                dx, threads)
     return dx.astype(out_dtype, copy=False)

@@ -181,6 +181,13 @@ int roicore_batch_from_indices(const void *indices, roicore_index_type type, int
 int roicore_batch_from_counts(const void *counts, roicore_index_type type, int64_t n_images,
                               int64_t k, int64_t *batch, roicore_error *err);
 
+/* Every coordinate of k rows [x1, y1, x2, y2] finite and, times the scale of its axis
+ * (0: only finiteness), within 2**24 feature-map pixels of the origin, as every operator
+ * requires of the boxes it reads (scaled by spatial_scale; bilinear pooling's normalised
+ * boxes by max(size - 1, 1)). */
+int roicore_check_coords(const void *coords, roicore_dtype dtype, int64_t k, double scale_x,
+                         double scale_y, roicore_error *err);
+
 /* Box coordinates from rows of `stride` values whose first coordinate is at `first` (so
  * (K, 5) rois are stride 5, first 1), in `src` dtype, into (k, 4) [x1, y1, x2, y2] rows of
  * `dst` dtype; `yx` reads rows [y1, x1, y2, x2] (TF's order).  A plain conversion: the
@@ -276,11 +283,12 @@ int roicore_openmp_enabled(void);
 #define ROICORE_MAX_THREADS 1024
 int roicore_resolve_threads(int requested);
 
-/* The most bytes of scratch memory one call may allocate (0: no limit).  The default is
- * the machine's physical memory.  A call that would need more returns ROICORE_ERR_MEMORY
- * before allocating anything. */
-int64_t roicore_get_scratch_limit(void);
-void roicore_set_scratch_limit(int64_t bytes);
+/* The most bytes one allocation of a call may take (0: no limit), its outputs included:
+ * bindings check the outputs they allocate against it, the kernels their scratch.  The
+ * default is the machine's physical memory.  A call whose scratch would pass it returns
+ * ROICORE_ERR_MEMORY before allocating anything. */
+int64_t roicore_get_memory_limit(void);
+void roicore_set_memory_limit(int64_t bytes);
 
 #ifdef __cplusplus
 }

@@ -170,14 +170,14 @@ def _assert_rebuild_hint(proc, cause_fragment):
     assert out != "IMPORTED", "roicore.core imported although its extension could not load"
     info = json.loads(out.splitlines()[-1])
     msg = info["message"]
-    assert "roicore.core._kernels" in msg
+    assert "roicore.core._binding" in msg
     assert "pip install" in msg and "Rebuild" in msg
     assert f"Python {sys.version_info.major}.{sys.version_info.minor}" in msg
     assert cause_fragment in msg and cause_fragment in info["cause"]
 
 
 def test_import_error_when_extension_is_blocked():
-    proc = run_python("import sys\nsys.modules['roicore.core._kernels'] = None\n"
+    proc = run_python("import sys\nsys.modules['roicore.core._binding'] = None\n"
                       + textwrap.dedent(_CHECK_IMPORT_ERROR))
     _assert_rebuild_hint(proc, "halted; None in sys.modules")
 
@@ -189,7 +189,7 @@ def test_import_error_when_extension_fails_to_load():
         import sys
         class Broken:
             def find_spec(self, name, path=None, target=None):
-                if name == "roicore.core._kernels":
+                if name == "roicore.core._binding":
                     raise ImportError("simulated: undefined symbol: GOMP_parallel")
                 return None
         sys.meta_path.insert(0, Broken())
@@ -264,21 +264,3 @@ def test_tables_are_distinct_where_frameworks_differ():
 def test_conventions_module_exports():
     for name in conventions.__all__:
         assert hasattr(conventions, name), name
-
-
-@pytest.mark.parametrize("n_threads", [1, 2, 3])
-@pytest.mark.parametrize("nbytes", [8, 64, 4096, 4104, 100_000, (1 << 20) + 24])
-def test_bandwidth_probe_passes_over_the_whole_buffer(nbytes, n_threads):
-    """The probe behind ``roicore bench --scaling``'s memory-bandwidth table: its stores
-    write every byte (non-zero bytes, over a zeroed buffer) and its read sees every word,
-    whatever the buffer size and thread count."""
-    from roicore.core import _kernels
-    modes = _kernels.PROBE_MODES
-    assert sorted(modes) == ["plain stores", "reads", "streaming stores"]
-    buf = np.zeros(nbytes, np.uint8)
-    for kind in ("streaming stores", "plain stores"):
-        buf[:] = 0
-        assert _kernels.bandwidth_probe(buf, modes[kind], n_threads) == 0
-        assert buf.all(), f"{kind} left {np.count_nonzero(buf == 0)} bytes unwritten"
-    buf[:] = np.random.default_rng(nbytes).integers(0, 256, nbytes, np.uint8)
-    assert _kernels.bandwidth_probe(buf, modes["reads"], n_threads) == buf.view(np.int64).sum()

@@ -539,7 +539,7 @@ def test_out_buffer_is_written_and_returned():
         assert_same(buf, want)
         with pytest.raises(ValueError, match="out must be a float32 array of shape"):
             fn(xin, rois, *args, out=np.empty(want.shape, np.float64))
-        with pytest.raises(ValueError, match="C-contiguous and writeable"):
+        with pytest.raises(ValueError, match="C-contiguous, aligned and writeable"):
             fn(xin, rois, *args, out=np.empty(want.shape[::-1], np.float32).T)
     with pytest.raises(ValueError, match="share memory"):
         rc.roi_pool(x.reshape(-1)[:2 * 6 * 9].reshape(2, 6, 3, 3), rois[:2], 3, 1.0,
@@ -572,7 +572,7 @@ def test_backward_out_buffer_is_zeroed_written_and_returned():
         assert_same(buf, want)
         with pytest.raises(ValueError, match="out must be a float32 array of shape"):
             call(out=np.empty(shape, np.float64))
-        with pytest.raises(ValueError, match="C-contiguous and writeable"):
+        with pytest.raises(ValueError, match="C-contiguous, aligned and writeable"):
             call(out=np.empty(shape[::-1], np.float32).T)
     # no boxes: nothing to scatter (the kernels that zero or write dx themselves return
     # at once), so the buffer must still come back zeroed

@@ -207,7 +207,8 @@ class TestRoIAlign:
         kw = {"grad": g} if op in BACKWARD else {}
         with pytest.raises(ValueError, match=rf"boxes\[0\] would take 500000 x 500000 samples per "
                                              rf"bin with adaptive sampling \(sampling_ratio={sr}\); "
-                                             r"at most 1048576 are supported: pass sampling_ratio > 0"):
+                                             r"at most 65536 per axis and 1048576 per bin are "
+                                             r"supported: pass sampling_ratio > 0"):
             call(op, boxes=boxes, spatial_scale=1.0, sampling_ratio=sr, aligned=aligned, **kw)
 
     @pytest.mark.parametrize("op", ALIGN_OPS)

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from roicore.core import _kernels
+from roicore.core import _binding
 from opcalls import (
     N, C, H, W, PS, X, BOXES, FORWARD, BACKWARD, ALL_OPS, ALIGN_OPS, COORD_OPS,
     default_boxes, out_channels, call, with_value,
@@ -182,26 +182,40 @@ class TestBoxes:
 
 @pytest.mark.usefixtures("no_kernels")
 class TestScans:
-    """The C scans behind the box checks' common case agree with NumPy on every position."""
+    """The C API's scans behind the box checks' common case agree with NumPy on every
+    position."""
 
     @pytest.mark.parametrize("dtype", [np.float32, np.float64])
     @pytest.mark.parametrize("k", [0, 1, 7])
-    def test_box_reach(self, dtype, k):
+    def test_coords_ok_finiteness(self, dtype, k):
         coords = np.random.default_rng(k).uniform(-1e6, 1e6, (k, 4)).astype(dtype)
-        assert _kernels.box_reach(coords) == (np.abs(coords).max() if k else 0)
+        assert _binding.coords_ok(coords, 0, 0)
         for i in range(coords.size):
             for value in (np.nan, np.inf, -np.inf):
-                assert _kernels.box_reach(with_value(coords, np.unravel_index(i, coords.shape),
-                                                     value)) == np.inf
+                bad = with_value(coords, np.unravel_index(i, coords.shape), value)
+                assert not _binding.coords_ok(bad, 0, 0)
+
+    @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+    def test_coords_ok_range(self, dtype):
+        """|x| * scale_x and |y| * scale_y within 2**24, each axis by its own scale."""
+        coords = np.zeros((3, 4), dtype)
+        for j in range(4):
+            scale_x, scale_y = (1.0, 0.5) if j % 2 == 0 else (0.5, 1.0)
+            at_limit = with_value(coords, (1, j), -(2.0**24))
+            assert _binding.coords_ok(at_limit, scale_x, scale_y)
+            beyond = with_value(coords, (1, j), 2.0**24 + 4)
+            assert not _binding.coords_ok(beyond, scale_x, scale_y)
+            assert _binding.coords_ok(beyond, scale_y, scale_x)  # the other axis's scale
 
     def test_batch_in_range(self):
-        assert _kernels.batch_in_range(np.zeros(0, np.int64), 0)
+        assert _binding.batch_in_range(np.zeros(0, np.int64), 0)
         batch = np.array([0, 2, 1, 2], np.int64)
-        assert _kernels.batch_in_range(batch, 3)
-        assert not _kernels.batch_in_range(batch, 2)
+        assert _binding.batch_in_range(batch, 3)
+        assert not _binding.batch_in_range(batch, 2)
         for i in range(batch.size):
             for value in (-1, 3, np.iinfo(np.int64).min, np.iinfo(np.int64).max):
-                assert not _kernels.batch_in_range(with_value(batch, i, value), 3)
+                assert not _binding.batch_in_range(with_value(batch, i, value), 3)
+
 
 class TestBatch:
     @pytest.mark.parametrize("op", ALL_OPS)
@@ -348,8 +362,9 @@ class TestArgmax:
         for value in (base + H * W, base - 2, 0, N * C * H * W, 2**40):
             a = np.full(self.SHAPE, -1, np.int64)
             a[1, 5, 0, 1] = value
-            with pytest.raises(ValueError, match=r"argmax holds indices outside \[-1, 42\) for "
-                                                 r"'global' encoding"):
+            with pytest.raises(ValueError, match=r"argmax holds indices outside their own \(box, "
+                                                 r"channel\) plane for 'global' encoding .*"
+                                                 r"\[\(n\*C \+ c\)\*H\*W, \(n\*C \+ c \+ 1\)\*H\*W\)"):
                 call("roi_pool_backward_max", argmax=a, convention="mxnet")
 
     def test_global_value_just_before_the_plane(self):

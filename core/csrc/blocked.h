@@ -1,0 +1,77 @@
+/* The parallel skeleton shared by the channel-blocked kernels (blocked_typed.h).
+ *
+ * Channels are split into blocks of 8 vectors (64 float32 or 32 float64 channels: 256 bytes
+ * per pixel); the last block is padded to whole vectors.  An operator supplies only the
+ * arithmetic of one task; the skeleton owns the threads, the blocked copies, the task
+ * counters, per-thread scratch and the write-out.
+ *
+ * Forward (max pooling, bilinear pooling, RoIAlign): x is copied once into blocks, each an
+ * (H, W, lanes) array per image, so a block's pixels are contiguous vectors; a task pools
+ * bins [p0, p1) of one box over one block into a (bin, lane) buffer, which the skeleton
+ * transposes into the output's (channel, bin) planes (NCHW) or copies into its rows (NHWC),
+ * through non-temporal stores spread over the thread's next task when the output is large.
+ * Tasks run block-major, so a thread's consecutive tasks read the same block of the map;
+ * threads take them one at a time from a shared counter, so a short last block leaves no
+ * thread idle, and pack the blocks of x inside the same parallel region first.
+ *
+ * Backward (bilinear pooling, RoIAlign): one task owns one channel block of every image,
+ * zeroes a per-thread (N, H, W, lanes) accumulator, walks every box in order, adding each
+ * box's bins (the upstream gradient packed (bin, lane)), and finally writes its block of dx.
+ * So each channel receives its additions in the frameworks' serial order: no atomics, and
+ * the same bits for every thread count.
+ *
+ * A box whose batch index is negative (masked) gives 0 and -1 and adds nothing. */
+#ifndef ROICORE_BLOCKED_H
+#define ROICORE_BLOCKED_H
+
+#include "common.h"
+#include "simd.h"
+#include "checks.h"
+
+#define ROICORE_DECLARE_BLOCKED(T, SFX)                                                        \
+    typedef struct {                                                                           \
+        int64_t k;                 /* the box */                                              \
+        int64_t p0, p1;            /* its bins [p0, p1), row-major */                         \
+        int64_t c0, nb, lanes;     /* the block's first channel, channels, lanes per pixel */ \
+        const T *img;              /* the packed block of image batch[k]: (H, W, lanes) */    \
+        T *acc;                    /* out: (p1 - p0) rows of `lanes` results */               \
+        int32_t *arg;              /* out, or NULL: the same for the argmax */                \
+        int32_t abase, astep;      /* added to lane c's argmax: abase + c * astep */          \
+        roicore_pending *pend;     /* write-outs to stream, a step per row of bins, */        \
+        int npend;                 /* all finished before the task returns */                 \
+        roicore_run *run;                                                                      \
+    } roicore_fwd_task_##SFX;                                                                  \
+                                                                                               \
+    typedef struct {                                                                           \
+        const roicore_tensor *x, *out;                                                         \
+        const int64_t *batch;                                                                  \
+        void *argmax;                /* NULL, or an array of out's shape and layout */        \
+        roicore_index_type argmax_type;                                                        \
+        int global_argmax;           /* flat NCHW index into x rather than h*W + w */         \
+        const void *op;                                                                        \
+        void (*pool)(const void *op, roicore_fwd_task_##SFX *task);                            \
+    } roicore_fwd_job_##SFX;                                                                   \
+                                                                                               \
+    typedef struct {                                                                           \
+        int64_t k, c0, nb, lanes;                                                              \
+        const T *g;                /* the box's upstream gradient, (bin, lane), zero-padded */\
+        T *img;                    /* the accumulator of image batch[k]: (H, W, lanes) */     \
+        roicore_run *run;                                                                      \
+    } roicore_bwd_task_##SFX;                                                                  \
+                                                                                               \
+    typedef struct {                                                                           \
+        const roicore_tensor *grad_output, *grad_input;                                        \
+        const int64_t *batch;                                                                  \
+        const void *op;                                                                        \
+        void (*add)(const void *op, roicore_bwd_task_##SFX *task);                             \
+    } roicore_bwd_job_##SFX;                                                                   \
+                                                                                               \
+    int roicore_blocked_forward_##SFX(const roicore_fwd_job_##SFX *job, roicore_run *run,      \
+                                      roicore_error *err);                                     \
+    int roicore_blocked_backward_##SFX(const roicore_bwd_job_##SFX *job, roicore_run *run,     \
+                                       roicore_error *err);
+
+ROICORE_DECLARE_BLOCKED(float, f32)
+ROICORE_DECLARE_BLOCKED(double, f64)
+
+#endif

@@ -1,0 +1,120 @@
+/* Position-sensitive RoI average pooling (R-FCN), forward and backward (psroi_typed.h holds
+ * the arithmetic, written once for both dtypes). */
+#include "checks.h"
+#include "simd.h"
+
+/* A plan's sizes and its tables (box bin edges, group ranges) in one allocation; the box
+ * tables are filled by the kernel's threads. */
+typedef struct {
+    int64_t K, PH, PW, GH, GW, D, S;
+    int64_t *tables;
+} plan_sizes;
+
+#define T float
+#define SFX f32
+#define VT roicore_vf32
+#define LANES 8
+#include "psroi_typed.h"
+#undef T
+#undef SFX
+#undef VT
+#undef LANES
+
+#define T double
+#define SFX f64
+#define VT roicore_vf64
+#define LANES 4
+#include "psroi_typed.h"
+#undef T
+#undef SFX
+#undef VT
+#undef LANES
+
+static int make_plan(const roicore_tensor *map, const roicore_tensor *pooled, const roicore_boxes *boxes,
+                     int64_t GH, int64_t GW, plan_sizes *ps, roicore_error *err) {
+    const int64_t K = boxes->k, PH = pooled->h, PW = pooled->w, D = pooled->c;
+    if (GH < 1 || GW < 1)
+        return roicore_fail(err, ROICORE_ERR_ARGUMENT, "group size must be >= 1, got %lld x %lld",
+                            (long long)GH, (long long)GW);
+    if (roicore_mul(roicore_mul(D, GH), GW) != map->c)
+        return roicore_fail(err, ROICORE_ERR_ARGUMENT,
+                            "the feature map must have output_channels * %lld * %lld = %lld "
+                            "channels (output_channels=%lld, group %lldx%lld), got C=%lld",
+                            (long long)GH, (long long)GW, (long long)(D * GH * GW), (long long)D,
+                            (long long)GH, (long long)GW, (long long)map->c);
+    const int64_t n = roicore_mul(K, 2 * (PH + PW));
+    ps->tables = n < 0 ? NULL : (int64_t *)roicore_scratch((n + 2 * (GH + GW)) * 8, "PS-RoI bin tables", err);
+    if (!ps->tables) return err ? err->code : ROICORE_ERR_MEMORY;
+    ps->K = K;
+    ps->PH = PH;
+    ps->PW = PW;
+    ps->GH = GH;
+    ps->GW = GW;
+    ps->D = D;
+    ps->S = roicore_round_up(D, 8);
+    return ROICORE_OK;
+}
+
+int roicore_psroi_pool_forward(const roicore_psroi_pool_rules *rules, const roicore_tensor *x,
+                               const roicore_boxes *boxes, double spatial_scale,
+                               int64_t group_h, int64_t group_w, const roicore_tensor *out,
+                               const roicore_exec *exec, roicore_error *err) {
+    int rc;
+    double scale;
+    if ((rc = roicore_check_psroi_pool_rules(rules, err)) ||
+        (rc = roicore_check_forward(x, boxes, out ? out->c : 0, out, err)) ||
+        (rc = roicore_held_scale(spatial_scale, rules->scale_precision, x->dtype, &scale, err)) ||
+        (rc = roicore_check_coord_range(boxes, x->dtype, scale, scale, err)))
+        return rc;
+    plan_sizes ps;
+    if ((rc = make_plan(x, out, boxes, group_h, group_w, &ps, err))) return rc;
+    if (boxes->k > 0 && out->c > 0) {
+        roicore_run run;
+        roicore_run_init(&run, exec);
+        if (x->dtype == ROICORE_FLOAT32) {
+            ps_plan_f32 c;
+            init_plan_f32(&c, &ps, x, boxes->batch);
+            rc = psroi_forward_f32(&c, x, boxes, (float)scale, out, &run, err);
+        } else {
+            ps_plan_f64 c;
+            init_plan_f64(&c, &ps, x, boxes->batch);
+            rc = psroi_forward_f64(&c, x, boxes, scale, out, &run, err);
+        }
+    }
+    roicore_scratch_free(ps.tables);
+    return rc;
+}
+
+int roicore_psroi_pool_backward(const roicore_psroi_pool_rules *rules,
+                                const roicore_tensor *grad_output, const roicore_boxes *boxes,
+                                double spatial_scale, int64_t group_h, int64_t group_w,
+                                const roicore_tensor *grad_input, const roicore_exec *exec,
+                                roicore_error *err) {
+    const roicore_tensor *g = grad_output, *dx = grad_input;
+    int rc;
+    double scale;
+    if ((rc = roicore_check_psroi_pool_rules(rules, err)) ||
+        (rc = roicore_check_backward(dx, boxes, 1, g ? g->c : 0, g, err)) ||
+        (rc = roicore_held_scale(spatial_scale, rules->scale_precision, dx->dtype, &scale, err)) ||
+        (rc = roicore_check_coord_range(boxes, dx->dtype, scale, scale, err)))
+        return rc;
+    plan_sizes ps;
+    if ((rc = make_plan(dx, g, boxes, group_h, group_w, &ps, err))) return rc;
+    if (boxes->k == 0 || g->c == 0) {
+        memset(dx->data, 0, (size_t)roicore_tensor_bytes(dx));  /* nothing to add */
+    } else {
+        roicore_run run;
+        roicore_run_init(&run, exec);
+        if (dx->dtype == ROICORE_FLOAT32) {
+            ps_plan_f32 c;
+            init_plan_f32(&c, &ps, dx, boxes->batch);
+            rc = psroi_backward_f32(&c, g, boxes, (float)scale, dx, &run, err);
+        } else {
+            ps_plan_f64 c;
+            init_plan_f64(&c, &ps, dx, boxes->batch);
+            rc = psroi_backward_f64(&c, g, boxes, scale, dx, &run, err);
+        }
+    }
+    roicore_scratch_free(ps.tables);
+    return rc;
+}

@@ -1,0 +1,75 @@
+/* RoIAlign (Mask R-CNN), forward and backward (roi_align_typed.h holds the arithmetic,
+ * written once for both dtypes). */
+#include "blocked.h"
+#include "checks.h"
+
+#define T float
+#define SFX f32
+#define VT roicore_vf32
+#define LANES 8
+#include "roi_align_typed.h"
+#undef T
+#undef SFX
+#undef VT
+#undef LANES
+
+#define T double
+#define SFX f64
+#define VT roicore_vf64
+#define LANES 4
+#include "roi_align_typed.h"
+#undef T
+#undef SFX
+#undef VT
+#undef LANES
+
+static int check_align_args(int64_t sampling_ratio, int aligned, roicore_error *err) {
+    if (sampling_ratio > ROICORE_MAX_SAMPLING_RATIO)
+        return roicore_fail(err, ROICORE_ERR_ARGUMENT,
+                            "sampling_ratio must be <= %d (at most 2**20 samples per bin), got %lld",
+                            ROICORE_MAX_SAMPLING_RATIO, (long long)sampling_ratio);
+    if (aligned != 0 && aligned != 1)
+        return roicore_fail(err, ROICORE_ERR_ARGUMENT, "aligned must be 0 or 1, got %d", aligned);
+    return ROICORE_OK;
+}
+
+int roicore_roi_align_forward(const roicore_roi_align_rules *rules, const roicore_tensor *x,
+                              const roicore_boxes *boxes, double spatial_scale,
+                              int64_t sampling_ratio, int aligned, const roicore_tensor *out,
+                              const roicore_exec *exec, roicore_error *err) {
+    int rc;
+    double scale;
+    if ((rc = roicore_check_roi_align_rules(rules, err)) ||
+        (rc = roicore_check_forward(x, boxes, x ? x->c : 0, out, err)) ||
+        (rc = check_align_args(sampling_ratio, aligned, err)) ||
+        (rc = roicore_held_scale(spatial_scale, rules->scale_precision, x->dtype, &scale, err)) ||
+        (rc = roicore_check_coord_range(boxes, x->dtype, scale, scale, err)))
+        return rc;
+    if (boxes->k == 0 || x->c == 0) return ROICORE_OK;
+    roicore_run run;
+    roicore_run_init(&run, exec);
+    if (x->dtype == ROICORE_FLOAT32)
+        return align_run_f32(1, rules, x, out, boxes, scale, sampling_ratio, aligned, &run, err);
+    return align_run_f64(1, rules, x, out, boxes, scale, sampling_ratio, aligned, &run, err);
+}
+
+int roicore_roi_align_backward(const roicore_roi_align_rules *rules,
+                               const roicore_tensor *grad_output, const roicore_boxes *boxes,
+                               double spatial_scale, int64_t sampling_ratio, int aligned,
+                               const roicore_tensor *grad_input, const roicore_exec *exec,
+                               roicore_error *err) {
+    const roicore_tensor *g = grad_output, *dx = grad_input;
+    int rc;
+    double scale;
+    if ((rc = roicore_check_roi_align_rules(rules, err)) ||
+        (rc = roicore_check_backward(dx, boxes, 1, dx ? dx->c : 0, g, err)) ||
+        (rc = check_align_args(sampling_ratio, aligned, err)) ||
+        (rc = roicore_held_scale(spatial_scale, rules->scale_precision, dx->dtype, &scale, err)) ||
+        (rc = roicore_check_coord_range(boxes, dx->dtype, scale, scale, err)))
+        return rc;
+    roicore_run run;
+    roicore_run_init(&run, exec);
+    if (dx->dtype == ROICORE_FLOAT32)
+        return align_run_f32(0, rules, dx, g, boxes, scale, sampling_ratio, aligned, &run, err);
+    return align_run_f64(0, rules, dx, g, boxes, scale, sampling_ratio, aligned, &run, err);
+}

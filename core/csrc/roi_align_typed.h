@@ -1,0 +1,366 @@
+/* RoIAlign for element type T; roi_align.c includes this once per dtype with T, SFX, VT and
+ * LANES defined.
+ *
+ * Sample positions are separable: row samples depend on (ph, iy) only and column samples
+ * on (pw, ix) only.  Each axis of a box gets a table of (low index, high index, weight of
+ * low, weight of high) per sample, shared by every channel; index -1 marks a sample outside
+ * [-1, size], which the frameworks keep in the average as 0 * v[0]. */
+
+#define TYPED(name) ROICORE_CAT(name, SFX)
+#define FWD_TASK ROICORE_CAT(roicore_fwd_task, SFX)
+#define FWD_JOB ROICORE_CAT(roicore_fwd_job, SFX)
+#define BWD_TASK ROICORE_CAT(roicore_bwd_task, SFX)
+#define BWD_JOB ROICORE_CAT(roicore_bwd_job, SFX)
+#define ALIGN_OP TYPED(align_op)
+#define SAMPLES TYPED(align_samples)
+
+/* One axis of a box: where it starts, its bin size and its samples per bin (which may be
+ * <= 0 for an aligned box of size <= 0 with adaptive sampling). */
+static void TYPED(align_axis)(T lo, T hi, T scale, T offset, int64_t P, int64_t sampling_ratio,
+                              int min_size_one, T *start, T *bin_size, int64_t *grid) {
+    const T a = lo * scale - offset;
+    T size = hi * scale - offset - a;
+    if (min_size_one && size < 1) size = 1;
+    *bin_size = size / (T)P;
+    *grid = sampling_ratio > 0 ? sampling_ratio : (int64_t)ceil(size / (T)P);
+    *start = a;
+}
+
+/* The samples of one axis, lo/hi indices and weights, for the `grid` samples of bin p. */
+typedef struct {
+    int64_t *lo, *hi;
+    T *lw, *hw;
+} SAMPLES;
+
+static void TYPED(bin_samples)(T start, T bin_size, int64_t grid, int64_t p, int64_t size,
+                               int sampler, SAMPLES s) {
+    for (int64_t i = 0; i < grid; ++i) {
+        T v;
+        if (sampler == ROICORE_SAMPLER_CAFFE2)
+            v = start + (T)p * bin_size + (T)(i + .5) * bin_size / (T)grid;
+        else
+            v = start + bin_size * ((T)p + (T)(i + .5) / (T)grid);
+        if (v < -1.0 || v > (T)size) {
+            s.lo[i] = s.hi[i] = -1;
+            s.lw[i] = s.hw[i] = 0;
+            continue;
+        }
+        if (v <= 0) v = 0;
+        int64_t low = (int64_t)v;
+        if (low >= size - 1) {
+            low = size - 1;
+            s.hi[i] = low;
+            v = (T)low;
+        } else {
+            s.hi[i] = low + 1;
+        }
+        s.lo[i] = low;
+        if (sampler == ROICORE_SAMPLER_CAFFE2) {
+            const T frac = v - (T)low;  /* weights 1 - l and l */
+            s.lw[i] = (T)(1. - frac);
+            s.hw[i] = frac;
+        } else {
+            const T frac = (T)s.hi[i] - v;  /* Paddle: weights (high - v) and 1 - that */
+            s.lw[i] = frac;
+            s.hw[i] = (T)1 - frac;
+        }
+    }
+}
+
+static SAMPLES TYPED(samples_at)(SAMPLES s, int64_t j) {
+    SAMPLES r = {s.lo + j, s.hi + j, s.lw + j, s.hw + j};
+    return r;
+}
+
+/* Everything the sample tables of a call hold.  When the tables of every box fit within
+ * the output's size (or 64 MiB), they are built once per box and shared by the tasks of
+ * all channel blocks; otherwise (absurd boxes, few channels) each task builds the samples
+ * of the bin it pools in per-thread scratch, so memory stays bounded by the output. */
+typedef struct {
+    int64_t K, H, W, PH, PW;
+    int sampler, empty_nan, divide;
+    T *ystart, *ybin, *xstart, *xbin;  /* per box */
+    int64_t *ygrid, *xgrid;
+    int64_t *yoff, *xoff;              /* per box, into the shared tables */
+    SAMPLES y, x;                      /* shared tables, or lo == NULL */
+    char *pieces;                      /* per-thread scratch without shared tables */
+    int64_t piece_bytes, max_grid;
+} ALIGN_OP;
+
+static int64_t TYPED(samples_bytes)(int64_t n) { return n * (16 + 2 * (int64_t)sizeof(T)); }
+
+static SAMPLES TYPED(carve)(char *mem, int64_t n) {
+    SAMPLES s;
+    s.lo = (int64_t *)mem;
+    s.hi = s.lo + n;
+    s.lw = (T *)(s.hi + n);
+    s.hw = s.lw + n;
+    return s;
+}
+
+/* Build the op's tables: per box axis parameters, then either shared sample tables or
+ * per-thread pieces.  `limit_bytes` is what the shared tables may take. */
+static int TYPED(align_tables)(ALIGN_OP *op, const roicore_boxes *boxes, double scale, int64_t sampling_ratio,
+                               int aligned, int min_size_one, int64_t limit_bytes, int n_threads,
+                               void **owned, roicore_error *err) {
+    const int64_t K = boxes->k, PH = op->PH, PW = op->PW;
+    const T s = (T)scale, offset = aligned ? (T)0.5 : (T)0;
+    const T *c = (const T *)boxes->coords;
+    char *box_mem = (char *)roicore_scratch(roicore_mul(K, 4 * (int64_t)sizeof(T) + 32) + 16,
+                                            "RoIAlign box tables", err);
+    if (!box_mem) return err ? err->code : ROICORE_ERR_MEMORY;
+    owned[0] = box_mem;
+    op->ystart = (T *)box_mem;
+    op->ybin = op->ystart + K;
+    op->xstart = op->ybin + K;
+    op->xbin = op->xstart + K;
+    op->ygrid = (int64_t *)(op->xbin + K);
+    op->xgrid = op->ygrid + K;
+    op->yoff = op->xgrid + K;
+    op->xoff = op->yoff + K + 1;
+    int64_t ny = 0, nx = 0, max_grid = 1;
+    for (int64_t k = 0; k < K; ++k) {
+        TYPED(align_axis)(c[4 * k + 1], c[4 * k + 3], s, offset, PH, sampling_ratio, min_size_one,
+                          &op->ystart[k], &op->ybin[k], &op->ygrid[k]);
+        TYPED(align_axis)(c[4 * k + 0], c[4 * k + 2], s, offset, PW, sampling_ratio, min_size_one,
+                          &op->xstart[k], &op->xbin[k], &op->xgrid[k]);
+        const int64_t gy = op->ygrid[k], gx = op->xgrid[k];
+        op->yoff[k] = ny;
+        op->xoff[k] = nx;
+        if (boxes->masked && boxes->batch[k] < 0) {  /* no samples: pools to 0, adds nothing */
+            op->ygrid[k] = op->xgrid[k] = 0;
+            continue;
+        }
+        if (gy > ROICORE_MAX_GRID || gx > ROICORE_MAX_GRID ||
+            (gy > 0 && gx > 0 && gy * gx > ROICORE_MAX_SAMPLES_PER_BIN))
+            return roicore_fail(err, ROICORE_ERR_VALUE,
+                                "boxes[%lld] would take %lld x %lld samples per bin with adaptive "
+                                "sampling; at most %d per axis and %d per bin are supported: pass "
+                                "sampling_ratio > 0", (long long)k, (long long)gy, (long long)gx,
+                                ROICORE_MAX_GRID, ROICORE_MAX_SAMPLES_PER_BIN);
+        ny += roicore_max64(op->ygrid[k], 0) * PH;
+        nx += roicore_max64(op->xgrid[k], 0) * PW;
+        max_grid = roicore_max64(max_grid, roicore_max64(op->ygrid[k], op->xgrid[k]));
+    }
+    op->yoff[K] = ny;
+    op->xoff[K] = nx;
+    op->max_grid = max_grid;
+    const int64_t shared = TYPED(samples_bytes)(ny + nx);
+    if (shared <= limit_bytes) {
+        char *mem = (char *)roicore_scratch(shared, "RoIAlign sample tables", err);
+        if (!mem) return err ? err->code : ROICORE_ERR_MEMORY;
+        owned[1] = mem;
+        op->y = TYPED(carve)(mem, ny);
+        op->x = TYPED(carve)(mem + TYPED(samples_bytes)(ny), nx);
+        /* a few dozen operations per box: threads only for many boxes */
+#pragma omp parallel for num_threads(K >= 8192 ? n_threads : 1) schedule(static)
+        for (int64_t k = 0; k < K; ++k) {
+            for (int64_t p = 0; p < PH && op->ygrid[k] > 0; ++p)
+                TYPED(bin_samples)(op->ystart[k], op->ybin[k], op->ygrid[k], p, op->H, op->sampler,
+                                   TYPED(samples_at)(op->y, op->yoff[k] + p * op->ygrid[k]));
+            for (int64_t p = 0; p < PW && op->xgrid[k] > 0; ++p)
+                TYPED(bin_samples)(op->xstart[k], op->xbin[k], op->xgrid[k], p, op->W, op->sampler,
+                                   TYPED(samples_at)(op->x, op->xoff[k] + p * op->xgrid[k]));
+        }
+    } else {
+        op->y.lo = NULL;
+        op->piece_bytes = roicore_round_up(TYPED(samples_bytes)(2 * max_grid), ROICORE_LINE);
+        op->pieces = (char *)roicore_scratch(n_threads * op->piece_bytes, "RoIAlign sample pieces", err);
+        if (!op->pieces) return err ? err->code : ROICORE_ERR_MEMORY;
+        owned[1] = op->pieces;
+    }
+    return ROICORE_OK;
+}
+
+/* The samples of bin row ph / bin column pw of box k: from the shared tables, or built now
+ * into the calling thread's piece. */
+static SAMPLES TYPED(row_samples)(const ALIGN_OP *op, int64_t k, int64_t ph) {
+    if (op->y.lo) return TYPED(samples_at)(op->y, op->yoff[k] + ph * op->ygrid[k]);
+    SAMPLES s = TYPED(carve)(op->pieces + omp_get_thread_num() * op->piece_bytes, op->max_grid);
+    TYPED(bin_samples)(op->ystart[k], op->ybin[k], op->ygrid[k], ph, op->H, op->sampler, s);
+    return s;
+}
+static SAMPLES TYPED(column_samples)(const ALIGN_OP *op, int64_t k, int64_t pw) {
+    if (op->y.lo) return TYPED(samples_at)(op->x, op->xoff[k] + pw * op->xgrid[k]);
+    SAMPLES s = TYPED(carve)(op->pieces + omp_get_thread_num() * op->piece_bytes +
+                                 TYPED(samples_bytes)(op->max_grid), op->max_grid);
+    TYPED(bin_samples)(op->xstart[k], op->xbin[k], op->xgrid[k], pw, op->W, op->sampler, s);
+    return s;
+}
+
+/* A bin's gy x gx samples summed per lane from 0 in (iy, ix) order as
+ * ((w1*a + w2*b) + w3*c) + w4*d, then divided by `norm` (Caffe2) or multiplied by it
+ * (Paddle's reciprocal), for G vectors from vector q0, kept in registers for the bin. */
+ROICORE_INLINE void TYPED(align_bin)(const T *img, int64_t W, int64_t lanes, int64_t q0,
+                                            int G, SAMPLES y, int64_t gy, SAMPLES x, int64_t gx,
+                                            T norm, int divide, T *restrict out) {
+    typedef VT VTu __attribute__((aligned(sizeof(T))));
+    VT acc[ROICORE_BLOCK_VECTORS];
+    for (int q = 0; q < G; ++q) acc[q] = (VT){0};
+    for (int64_t iy = 0; iy < gy; ++iy)
+        for (int64_t ix = 0; ix < gx; ++ix) {
+            const T *a = img, *b = img, *c = img, *d = img;
+            T w1 = 0, w2 = 0, w3 = 0, w4 = 0;
+            if (y.lo[iy] >= 0 && x.lo[ix] >= 0) {
+                a = img + (y.lo[iy] * W + x.lo[ix]) * lanes;
+                b = img + (y.lo[iy] * W + x.hi[ix]) * lanes;
+                c = img + (y.hi[iy] * W + x.lo[ix]) * lanes;
+                d = img + (y.hi[iy] * W + x.hi[ix]) * lanes;
+                w1 = y.lw[iy] * x.lw[ix];
+                w2 = y.lw[iy] * x.hw[ix];
+                w3 = y.hw[iy] * x.lw[ix];
+                w4 = y.hw[iy] * x.hw[ix];
+            }
+            /* keep the four corner pointers as bases: otherwise GCC makes an induction
+               variable of each corner's every vector and spills them */
+            __asm__("" : "+r"(a), "+r"(b), "+r"(c), "+r"(d));
+            a += q0 * LANES;
+            b += q0 * LANES;
+            c += q0 * LANES;
+            d += q0 * LANES;
+            _Pragma("GCC unroll 8")
+            for (int q = 0; q < G; ++q)
+                acc[q] = acc[q] + (((w1 * ((const VTu *)a)[q] + w2 * ((const VTu *)b)[q]) +
+                                    w3 * ((const VTu *)c)[q]) + w4 * ((const VTu *)d)[q]);
+        }
+    _Pragma("GCC unroll 8")
+    for (int q = 0; q < G; ++q)
+        ((VTu *)out)[q0 + q] = divide ? acc[q] / norm : acc[q] * norm;
+}
+
+/* The forward's task: bins [p0, p1) of box k over one block; whole blocks with all 8
+ * vectors in registers, the padded last block a vector at a time. */
+ROICORE_CLONES static void TYPED(align_task)(const void *opv, FWD_TASK *t) {
+    const ALIGN_OP *op = (const ALIGN_OP *)opv;
+    const int64_t k = t->k, PW = op->PW, gy = op->ygrid[k], gx = op->xgrid[k], lanes = t->lanes;
+    T norm = 0;
+    if (gy > 0 && gx > 0)
+        norm = op->divide ? (T)(gy * gx) : (T)(1.0 / (double)(gy * gx));  /* Paddle: in double */
+    SAMPLES ys = op->y;
+    for (int64_t p = t->p0; p < t->p1; ++p) {
+        const int64_t ph = p / PW, pw = p % PW;
+        T *out = t->acc + (p - t->p0) * lanes;
+        if (pw == 0 || p == t->p0) {
+            roicore_pending_step_all(t->pend, t->npend);
+            if (roicore_stopping(t->run)) break;
+            if (gy > 0 && gx > 0) ys = TYPED(row_samples)(op, k, ph);
+        }
+        if (gy <= 0 || gx <= 0) {  /* no samples: Paddle computes an empty sum times 1/0 */
+            for (int64_t c = 0; c < lanes; ++c) out[c] = op->empty_nan ? (T)NAN : 0;
+            continue;
+        }
+        const SAMPLES xs = TYPED(column_samples)(op, k, pw);
+        if (lanes == ROICORE_BLOCK_VECTORS * LANES)
+            TYPED(align_bin)(t->img, op->W, lanes, 0, ROICORE_BLOCK_VECTORS, ys, gy, xs, gx, norm,
+                             op->divide, out);
+        else
+            for (int64_t q0 = 0; q0 < lanes / LANES; ++q0)
+                TYPED(align_bin)(t->img, op->W, lanes, q0, 1, ys, gy, xs, gx, norm, op->divide, out);
+    }
+    roicore_pending_finish_all(t->pend, t->npend);
+}
+
+/* The adjoint of one bin: each in-map sample adds, corner by corner (corners may
+ * coincide), (g * w) / count to its four corner pixels, G vectors from q0 at a time, the
+ * bin's gradient held in registers.  When count is a power of two, x / count and
+ * x * (1 / count) are the same correctly rounded number, so it multiplies instead. */
+ROICORE_INLINE void TYPED(align_bin_grad)(T *img, int64_t W, int64_t lanes, int64_t q0,
+                                                 int G, SAMPLES y, int64_t gy, SAMPLES x,
+                                                 int64_t gx, const T *g, T count, int pow2,
+                                                 T inv) {
+    typedef VT VTu __attribute__((aligned(sizeof(T))));
+    VT gv[ROICORE_BLOCK_VECTORS];
+    for (int q = 0; q < G; ++q) gv[q] = ((const VTu *)g)[q0 + q];
+    for (int64_t iy = 0; iy < gy; ++iy) {
+        if (y.lo[iy] < 0) continue;
+        for (int64_t ix = 0; ix < gx; ++ix) {
+            if (x.lo[ix] < 0) continue;
+            T *const corner[4] = {img + (y.lo[iy] * W + x.lo[ix]) * lanes,
+                                  img + (y.lo[iy] * W + x.hi[ix]) * lanes,
+                                  img + (y.hi[iy] * W + x.lo[ix]) * lanes,
+                                  img + (y.hi[iy] * W + x.hi[ix]) * lanes};
+            const T weight[4] = {y.lw[iy] * x.lw[ix], y.lw[iy] * x.hw[ix], y.hw[iy] * x.lw[ix],
+                                 y.hw[iy] * x.hw[ix]};
+            for (int c = 0; c < 4; ++c) {
+                VTu *dst = (VTu *)corner[c] + q0;
+                const T w = weight[c];
+                __asm__("" : "+r"(dst));
+                if (pow2) {
+                    _Pragma("GCC unroll 8")
+                    for (int q = 0; q < G; ++q) dst[q] = dst[q] + (gv[q] * w) * inv;
+                } else {
+                    _Pragma("GCC unroll 8")
+                    for (int q = 0; q < G; ++q) dst[q] = dst[q] + (gv[q] * w) / count;
+                }
+            }
+        }
+    }
+}
+
+/* The backward's task: box k's bins added into one block's accumulator, in (ph, pw, iy,
+ * ix) order. */
+ROICORE_CLONES static void TYPED(align_grad_task)(const void *opv, BWD_TASK *t) {
+    const ALIGN_OP *op = (const ALIGN_OP *)opv;
+    const int64_t k = t->k, gy = op->ygrid[k], gx = op->xgrid[k], lanes = t->lanes;
+    if (gy <= 0 || gx <= 0) return;
+    const T count = (T)(gy * gx);
+    const int64_t whole = (int64_t)count;
+    const int pow2 = (T)whole == count && whole > 0 && (whole & (whole - 1)) == 0;
+    const T inv = (T)1 / count;
+    for (int64_t ph = 0; ph < op->PH; ++ph) {
+        const SAMPLES ys = TYPED(row_samples)(op, k, ph);
+        for (int64_t pw = 0; pw < op->PW; ++pw) {
+            const SAMPLES xs = TYPED(column_samples)(op, k, pw);
+            const T *g = t->g + (ph * op->PW + pw) * lanes;
+            if (lanes == ROICORE_BLOCK_VECTORS * LANES)
+                TYPED(align_bin_grad)(t->img, op->W, lanes, 0, ROICORE_BLOCK_VECTORS, ys, gy, xs,
+                                      gx, g, count, pow2, inv);
+            else
+                for (int64_t q0 = 0; q0 < lanes / LANES; ++q0)
+                    TYPED(align_bin_grad)(t->img, op->W, lanes, q0, 1, ys, gy, xs, gx, g, count,
+                                          pow2, inv);
+        }
+    }
+}
+
+static int TYPED(align_run)(int forward, const roicore_roi_align_rules *rules,
+                            const roicore_tensor *map, const roicore_tensor *pooled,
+                            const roicore_boxes *boxes, double scale, int64_t sampling_ratio,
+                            int aligned, roicore_run *run, roicore_error *err) {
+    ALIGN_OP op;
+    memset(&op, 0, sizeof op);
+    op.K = boxes->k;
+    op.H = map->h;
+    op.W = map->w;
+    op.PH = pooled->h;
+    op.PW = pooled->w;
+    op.sampler = forward ? (int)rules->sampler : ROICORE_SAMPLER_CAFFE2;
+    op.empty_nan = rules->empty_grid == ROICORE_EMPTY_GRID_NAN;
+    op.divide = op.sampler == ROICORE_SAMPLER_CAFFE2;
+    const int min_size_one = !aligned || (!forward && rules->backward_min_size_always);
+    const int64_t written = roicore_tensor_bytes(forward ? pooled : map);
+    void *owned[2] = {NULL, NULL};
+    int rc = TYPED(align_tables)(&op, boxes, scale, sampling_ratio, aligned, min_size_one,
+                                 roicore_max64(written, 64 << 20), run->n_threads, owned, err);
+    if (rc == ROICORE_OK) {
+        if (forward) {
+            const FWD_JOB job = {map, pooled, boxes->batch, NULL, ROICORE_INT32, 0, &op,
+                                 TYPED(align_task)};
+            rc = ROICORE_CAT(roicore_blocked_forward, SFX)(&job, run, err);
+        } else {
+            const BWD_JOB job = {pooled, map, boxes->batch, &op, TYPED(align_grad_task)};
+            rc = ROICORE_CAT(roicore_blocked_backward, SFX)(&job, run, err);
+        }
+    }
+    roicore_scratch_free(owned[0]);
+    roicore_scratch_free(owned[1]);
+    return rc;
+}
+
+#undef TYPED
+#undef FWD_TASK
+#undef FWD_JOB
+#undef BWD_TASK
+#undef BWD_JOB
+#undef ALIGN_OP
+#undef SAMPLES

@@ -1,0 +1,185 @@
+/* RoI max pooling for element type T; roi_pool.c includes this once per dtype with T, SFX,
+ * VT, MT, IT, UMT and LANES defined. */
+
+#define FWD_TASK ROICORE_CAT(roicore_fwd_task, SFX)
+#define FWD_JOB ROICORE_CAT(roicore_fwd_job, SFX)
+#define MAX_OP ROICORE_CAT(max_op, SFX)
+#define TYPED(name) ROICORE_CAT(name, SFX)
+
+/* Bin edges along one axis of the Fast R-CNN integer RoI: round(x*s) (half away from zero;
+ * the product in T or in double), +1, at least 1 pixel, floor/ceil of p*rh/P in the
+ * requested arithmetic, then clamped to [0, size]. */
+static void TYPED(integer_roi_bins)(T lo, T hi, T scale, int64_t P, int64_t size, int mode,
+                                    int product_double, int64_t *start, int64_t *end) {
+    int64_t s, e;
+    if (product_double) {
+        s = (int64_t)round((double)lo * (double)scale);
+        e = (int64_t)round((double)hi * (double)scale);
+    } else {
+        s = (int64_t)round(lo * scale);
+        e = (int64_t)round(hi * scale);
+    }
+    int64_t r = e - s + 1;
+    if (r < 1) r = 1;  /* malformed (reversed) boxes become one pixel */
+    const float bin32 = (float)r / (float)P;
+    const double bin64 = (double)r / (double)P;
+    for (int64_t p = 0; p < P; ++p) {
+        int64_t a, b;
+        if (mode == BINS_EXACT) {
+            a = (p * r) / P;
+            b = ((p + 1) * r + P - 1) / P;
+        } else if (mode == BINS_FLOAT32) {
+            a = (int64_t)floor((float)p * bin32);
+            b = (int64_t)ceil((float)(p + 1) * bin32);
+        } else {
+            a = (int64_t)floor((double)p * bin64);
+            b = (int64_t)ceil((double)(p + 1) * bin64);
+        }
+        start[p] = roicore_clamp64(a + s, 0, size);
+        end[p] = roicore_clamp64(b + s, 0, size);
+    }
+}
+
+typedef struct {
+    const int64_t *hs, *he, *ws, *we;  /* bin edges: rows (K, PH), columns (K, PW) */
+    int64_t W, PH, PW;
+    int compare, first;
+    T initial;
+} MAX_OP;
+
+#define VARIANT any
+#define VARIANT_ATTR
+#define VMAX(v, m) ((VT)((((MT)(v)) & ((v) > (m))) | (((MT)(m)) & ~((v) > (m)))))
+#include "max_bins_typed.h"
+#undef VARIANT
+#undef VARIANT_ATTR
+#undef VMAX
+
+#ifdef ROICORE_X86_DISPATCH
+#define VARIANT avx2
+#define VARIANT_ATTR ROICORE_AVX2
+#define VMAX(v, m) ((VT)AVX2_MAX((v), (m)))
+#include "max_bins_typed.h"
+#undef VARIANT
+#undef VARIANT_ATTR
+#undef VMAX
+#endif
+
+static void TYPED(max_task)(const void *op, FWD_TASK *t) {
+#ifdef ROICORE_X86_DISPATCH
+    if (roicore_has_avx2()) {
+        ROICORE_CAT(TYPED(max_task), avx2)(op, t);
+        return;
+    }
+#endif
+    ROICORE_CAT(TYPED(max_task), any)(op, t);
+}
+
+static int TYPED(max_forward)(const roicore_max_pool_rules *rules, const roicore_tensor *x,
+                              const roicore_boxes *boxes, double scale, const roicore_tensor *out,
+                              void *argmax, roicore_index_type argmax_type, roicore_run *run,
+                              roicore_error *err) {
+    const int64_t K = boxes->k, PH = out->h, PW = out->w, H = x->h, W = x->w;
+    int mode = rules->bin_arithmetic == ROICORE_BIN_ARITHMETIC_EXACT     ? BINS_EXACT
+               : rules->bin_arithmetic == ROICORE_BIN_ARITHMETIC_FLOAT32 ? BINS_FLOAT32
+               : sizeof(T) == 4                                          ? BINS_FLOAT32
+                                                                         : BINS_FLOAT64;
+    const int product_double = rules->scale_product == ROICORE_PRECISION_FLOAT64;
+    int64_t *tables = (int64_t *)roicore_scratch(roicore_mul(K, 2 * (PH + PW) * 8), "bin tables", err);
+    if (!tables) return err ? err->code : ROICORE_ERR_MEMORY;
+    int64_t *hs = tables, *he = hs + K * PH, *ws = he + K * PH, *we = ws + K * PW;
+    const T *c = (const T *)boxes->coords;
+    const T s = (T)scale;
+    /* a few dozen operations per box: threads only for many boxes (waking them costs more) */
+#pragma omp parallel for num_threads(K >= 8192 ? run->n_threads : 1) schedule(static)
+    for (int64_t k = 0; k < K; ++k) {
+        TYPED(integer_roi_bins)(c[4 * k + 1], c[4 * k + 3], s, PH, H, mode, product_double,
+                                hs + k * PH, he + k * PH);
+        TYPED(integer_roi_bins)(c[4 * k + 0], c[4 * k + 2], s, PW, W, mode, product_double,
+                                ws + k * PW, we + k * PW);
+    }
+    T initial;
+    switch (rules->initial) {
+    case ROICORE_INITIAL_NEG_FLT_MAX: initial = (T)-FLT_MAX; break;
+    case ROICORE_INITIAL_LOWEST: initial = sizeof(T) == 4 ? (T)-FLT_MAX : (T)-DBL_MAX; break;
+    default: initial = (T)NAN; break;  /* "nan"; "first" starts from the bin's first pixel */
+    }
+    const MAX_OP op = {hs, he, ws, we, W, PH, PW, (int)rules->compare,
+                       rules->initial == ROICORE_INITIAL_FIRST, initial};
+    const FWD_JOB job = {x, out, boxes->batch, argmax, argmax_type,
+                         rules->argmax == ROICORE_ARGMAX_GLOBAL, &op, TYPED(max_task)};
+    int rc = ROICORE_CAT(roicore_blocked_forward, SFX)(&job, run, err);
+    roicore_scratch_free(tables);
+    return rc;
+}
+
+/* The scatter of each output gradient to its argmax.  A task owns a run of channels whose
+ * gradient planes fill SCATTER_BYTES, so that the scattered additions stay in L2, zeroes
+ * them, and walks the boxes in order, each box's (channel, bin) gradients and indices of
+ * the run read as one contiguous piece; per channel the additions keep the frameworks'
+ * (box, ph, pw) order, so no atomics are needed and every thread count gives the same
+ * bits.  Threads take the tasks one at a time, so one that falls behind does not set the
+ * pace.  An index that is neither -1 nor a pixel of its own (box, channel) plane is
+ * skipped, never followed, and counted: validating in the same pass saves a read of the
+ * whole argmax.  Returns the count, or -1 when the call stopped. */
+#define SCATTER_BYTES (256 << 10)
+static int64_t TYPED(max_backward)(const roicore_tensor *g, const void *argmax,
+                                   roicore_index_type type, const int64_t *batch, int global,
+                                   const roicore_tensor *dx, roicore_run *run) {
+    const int64_t K = g->n, C = g->c, P = g->h * g->w, N = dx->n, HW = dx->h * dx->w;
+    const int64_t part = roicore_max64(1, SCATTER_BYTES / (HW * (int64_t)sizeof(T)));
+    const int64_t n_parts = (C + part - 1) / part;
+    const int nchw_g = g->layout == ROICORE_NCHW, nchw_dx = dx->layout == ROICORE_NCHW;
+    /* element strides: a plane's pixels (dx) and a box's bins (g, argmax) */
+    const int64_t dx_step = nchw_dx ? 1 : C, g_step = nchw_g ? 1 : C;
+    const T *gd = (const T *)g->data;
+    T *dd = (T *)dx->data;
+    int64_t n_bad = 0;
+    int64_t next = 0;
+#pragma omp parallel num_threads(run->n_threads) reduction(+ : n_bad)
+    for (int64_t i = roicore_take(&next); i < n_parts; i = roicore_take(&next)) {
+        const int64_t cs = i * part, ce = roicore_min64(cs + part, C);
+        for (int64_t n = 0; n < N; ++n) {
+            if (nchw_dx) {
+                memset(dd + (n * C + cs) * HW, 0, (size_t)((ce - cs) * HW) * sizeof(T));
+            } else {
+                for (int64_t v = 0; v < HW; ++v)
+                    memset(dd + (n * HW + v) * C + cs, 0, (size_t)(ce - cs) * sizeof(T));
+            }
+        }
+        for (int64_t k = 0; k < K; ++k) {
+            const int64_t b = batch[k];
+            if (b < 0) continue;  /* masked */
+            if (roicore_stopping(run)) break;
+            for (int64_t c = cs; c < ce; ++c) {
+                T *plane = nchw_dx ? dd + (b * C + c) * HW : dd + b * HW * C + c;
+                const int64_t lo = global ? (b * C + c) * HW : 0;
+                const int64_t first = nchw_g ? (k * C + c) * P : k * P * C + c;
+                const T *gk = gd + first;
+                /* unsigned: an index far outside the plane cannot overflow the subtraction */
+                if (type == ROICORE_INT32) {
+                    const int32_t *a = (const int32_t *)argmax + first;
+                    for (int64_t p = 0; p < P; ++p) {
+                        const uint64_t v = (uint64_t)(int64_t)a[p * g_step] - (uint64_t)lo;
+                        if (v < (uint64_t)HW) plane[(int64_t)v * dx_step] += gk[p * g_step];
+                        else if (a[p * g_step] != -1) ++n_bad;
+                    }
+                } else {
+                    const int64_t *a = (const int64_t *)argmax + first;
+                    for (int64_t p = 0; p < P; ++p) {
+                        const uint64_t v = (uint64_t)a[p * g_step] - (uint64_t)lo;
+                        if (v < (uint64_t)HW) plane[(int64_t)v * dx_step] += gk[p * g_step];
+                        else if (a[p * g_step] != -1) ++n_bad;
+                    }
+                }
+            }
+        }
+    }
+    return run->stop ? -1 : n_bad;
+}
+#undef SCATTER_BYTES
+
+#undef FWD_TASK
+#undef FWD_JOB
+#undef MAX_OP
+#undef TYPED

@@ -1,0 +1,220 @@
+/* The runtime side of a call: error messages, the thread-count policy (with fork safety
+ * and thread-creation limits), stop requests, work-sharing waits and scratch memory. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+
+int roicore_api_version(void) { return ROICORE_API_VERSION; }
+int roicore_openmp_enabled(void) { return ROICORE_HAVE_OPENMP; }
+
+int roicore_fail(roicore_error *err, int code, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+        err->code = code;
+    }
+    return code;
+}
+
+/* ------------------------------------------------------------------------ threads */
+
+/* libgomp keeps a pool of threads per calling thread.  After fork() the child has the
+ * pool's bookkeeping but not its threads, and its next parallel region waits for them
+ * forever.  So once this process has run a team of several threads, a forked child runs
+ * every call on one thread (it cannot build a new pool in libgomp). */
+static int ran_team;  /* set once a team of >= 2 threads ran in this process */
+static int forked_after_team;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+static void in_child(void) {
+    if (__atomic_load_n(&ran_team, __ATOMIC_RELAXED)) forked_after_team = 1;
+}
+static void register_atfork(void) { pthread_atfork(NULL, NULL, in_child); }
+
+void roicore_team_started(int n) {
+    if (n >= 2 && !__atomic_load_n(&ran_team, __ATOMIC_RELAXED)) {
+        pthread_once(&atfork_once, register_atfork);
+        __atomic_store_n(&ran_team, 1, __ATOMIC_RELAXED);
+    }
+}
+
+static int cpus_available(void) {
+#ifdef CPU_COUNT
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) {
+        int n = CPU_COUNT(&set);
+        if (n > 0) return n;
+    }
+#endif
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+/* libgomp exits the process ("Thread creation failed") when it cannot start a thread of a
+ * team, which container limits (pids.max, RLIMIT_NPROC) make possible.  Before a calling
+ * thread first asks for a team larger than it has had, it starts that many threads itself
+ * and lets them exit at once; the team is as large as what started.  libgomp then keeps
+ * its pool's threads for later calls, so the probe runs once per team size per thread. */
+static __thread int team_probed = 1;  /* the largest team known to start from this thread */
+
+static void *probe_thread(void *arg) { return arg; }
+
+static int startable_team(int n) {
+    if (n <= team_probed) return n;
+    pthread_t *tids = (pthread_t *)malloc(sizeof(pthread_t) * (size_t)(n - 1));
+    int started = 0;
+    if (tids) {  /* default attributes, as libgomp's threads have unless OMP_STACKSIZE is set */
+        while (started < n - 1 && pthread_create(&tids[started], NULL, probe_thread, NULL) == 0)
+            ++started;
+        for (int i = 0; i < started; ++i) pthread_join(tids[i], NULL);
+        free(tids);
+    }
+    int team = started + 1;
+    if (team > team_probed) team_probed = team;
+    return team;
+}
+
+int roicore_resolve_threads(int requested) {
+    if (!ROICORE_HAVE_OPENMP || forked_after_team) return 1;
+    int n;
+    if (requested == 0)
+        n = (int)roicore_min64(omp_get_max_threads(), cpus_available());
+    else if (requested < 0)
+        n = (int)roicore_max64(1, (int64_t)cpus_available() + 1 + requested);
+    else
+        n = requested;
+    if (n > ROICORE_MAX_THREADS) n = ROICORE_MAX_THREADS;
+    return n <= 1 ? 1 : startable_team(n);
+}
+
+/* ------------------------------------------------------------------------ a call */
+
+#define POLL_INTERVAL_NS 20000000  /* 20 ms */
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+#ifdef CLOCK_MONOTONIC_COARSE
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+#else
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+#endif
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void roicore_run_init(roicore_run *run, const roicore_exec *exec) {
+    run->n_threads = roicore_resolve_threads(exec ? exec->n_threads : 0);
+    run->poll = exec ? exec->poll : NULL;
+    run->poll_arg = exec ? exec->poll_arg : NULL;
+    run->stop = 0;
+    run->next_poll_ns = run->poll ? now_ns() + POLL_INTERVAL_NS : 0;
+    roicore_team_started(run->n_threads);
+}
+
+int roicore_run_poll(roicore_run *run) {
+    if (__atomic_load_n(&run->stop, __ATOMIC_RELAXED)) return 1;
+    int64_t t = now_ns();
+    if (t < run->next_poll_ns) return 0;
+    run->next_poll_ns = t + POLL_INTERVAL_NS;
+    if (run->poll(run->poll_arg)) {
+        __atomic_store_n(&run->stop, 1, __ATOMIC_RELAXED);
+        return 1;
+    }
+    return 0;
+}
+
+int roicore_run_status(const roicore_run *run, roicore_error *err) {
+    if (run->stop)
+        return roicore_fail(err, ROICORE_ERR_INTERRUPTED, "interrupted: the call was asked to stop");
+    return ROICORE_OK;
+}
+
+int roicore_await(int64_t *count, int64_t target, roicore_run *run) {
+    for (uint32_t spins = 0; __atomic_load_n(count, __ATOMIC_ACQUIRE) < target; ++spins) {
+        if ((spins & 255) == 0 && roicore_stopping(run)) return 1;
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        if (spins >= 1u << 14) sched_yield();
+    }
+    return 0;
+}
+
+void roicore_leave(int64_t *left, roicore_run *run) {
+    (void)run;  /* the other threads always arrive: they only leave loops early */
+    if (omp_get_thread_num() == 0) {
+        for (uint32_t spins = 0;
+             __atomic_load_n(left, __ATOMIC_ACQUIRE) < omp_get_num_threads() - 1; ++spins) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+            if (spins >= 1u << 14) sched_yield();
+        }
+    } else {
+        roicore_done(left);
+    }
+}
+
+/* ------------------------------------------------------------------------ memory */
+
+static int64_t memory_limit = -1;  /* -1: not yet read (physical memory) */
+
+static int64_t physical_memory(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || size <= 0) return 0;
+    return (int64_t)pages * (int64_t)size;
+}
+
+int64_t roicore_get_memory_limit(void) {
+    int64_t limit = __atomic_load_n(&memory_limit, __ATOMIC_RELAXED);
+    if (limit < 0) {
+        limit = physical_memory();
+        __atomic_store_n(&memory_limit, limit, __ATOMIC_RELAXED);
+    }
+    return limit;
+}
+
+void roicore_set_memory_limit(int64_t bytes) {
+    __atomic_store_n(&memory_limit, bytes < 0 ? 0 : bytes, __ATOMIC_RELAXED);
+}
+
+int64_t roicore_mul(int64_t a, int64_t b) {
+    int64_t r;
+    if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r)) return -1;
+    return r;
+}
+
+void *roicore_scratch(int64_t bytes, const char *what, roicore_error *err) {
+    int64_t limit = roicore_get_memory_limit();
+    if (bytes < 0 || (limit > 0 && bytes > limit)) {
+        roicore_fail(err, ROICORE_ERR_MEMORY,
+                     "%s would take %lld bytes of scratch memory, over roicore's memory limit "
+                     "of %lld bytes", what, (long long)bytes, (long long)limit);
+        return NULL;
+    }
+    void *p = NULL;
+    if (posix_memalign(&p, ROICORE_LINE, (size_t)(bytes > 0 ? bytes : ROICORE_LINE)) != 0) {
+        roicore_fail(err, ROICORE_ERR_MEMORY, "%s: could not allocate %lld bytes of scratch memory",
+                     what, (long long)bytes);
+        return NULL;
+    }
+    return p;
+}
+
+void roicore_scratch_free(void *p) { free(p); }
+
+int64_t *roicore_counters(int n, roicore_error *err) {
+    int64_t bytes = (int64_t)n * ROICORE_LINE;
+    int64_t *c = (int64_t *)roicore_scratch(bytes, "task counters", err);
+    if (c) memset(c, 0, (size_t)bytes);
+    return c;
+}

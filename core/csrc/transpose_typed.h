@@ -1,0 +1,71 @@
+/* roicore_transpose_<SFX> for element type T; simd.c includes this once per type with
+ * T, VT (a vector of 8 T), MT (its shuffle-mask type) and SFX defined.
+ *
+ * Full 8 x 8 tiles are loaded as eight row vectors, transposed in registers with three
+ * rounds of shuffles and stored as eight row vectors, so both sides move whole
+ * cache-line pieces; edges fall back to scalar copies. */
+
+#define ROW(r) ((r) < R ? (r) : R - 1)
+
+/* Rows i .. i+7 and columns j .. j+7 (only the first `ncols` out rows are stored). */
+ROICORE_INLINE void ROICORE_CAT(transpose_tile, SFX)(const T *restrict in, int64_t in_stride,
+                                                     int64_t R, T *restrict out,
+                                                     int64_t out_stride, int64_t i, int64_t j,
+                                                     int ncols) {
+#if defined(__GNUC__) && !defined(__clang__)
+    typedef VT VTu __attribute__((aligned(sizeof(T))));
+    VT r[8], t[8], u[8];
+    for (int q = 0; q < 8; ++q) r[q] = *(const VTu *)(in + ROW(i + q) * in_stride + j);
+    for (int q = 0; q < 8; q += 2) {
+        t[q] = __builtin_shuffle(r[q], r[q + 1], (MT){0, 8, 1, 9, 4, 12, 5, 13});
+        t[q + 1] = __builtin_shuffle(r[q], r[q + 1], (MT){2, 10, 3, 11, 6, 14, 7, 15});
+    }
+    for (int q = 0; q < 8; q += 4)
+        for (int e = 0; e < 2; ++e) {
+            u[q + 2 * e] = __builtin_shuffle(t[q + e], t[q + e + 2], (MT){0, 1, 8, 9, 4, 5, 12, 13});
+            u[q + 2 * e + 1] =
+                __builtin_shuffle(t[q + e], t[q + e + 2], (MT){2, 3, 10, 11, 6, 7, 14, 15});
+        }
+    for (int q = 0; q < 4; ++q) {
+        VT lo = __builtin_shuffle(u[q], u[q + 4], (MT){0, 1, 2, 3, 8, 9, 10, 11});
+        VT hi = __builtin_shuffle(u[q], u[q + 4], (MT){4, 5, 6, 7, 12, 13, 14, 15});
+        if (q < ncols) *(VTu *)(out + (j + q) * out_stride + i) = lo;
+        if (q + 4 < ncols) *(VTu *)(out + (j + q + 4) * out_stride + i) = hi;
+    }
+#else
+    for (int64_t a = i; a < i + 8; ++a)
+        for (int64_t b = j; b < j + ncols; ++b) out[b * out_stride + a] = in[ROW(a) * in_stride + b];
+#endif
+}
+
+ROICORE_CLONES void ROICORE_CAT(roicore_transpose, SFX)(const T *restrict in, int64_t in_stride,
+                                                        int64_t R, int64_t Cc, T *restrict out,
+                                                        int64_t out_stride, int flags) {
+    const int64_t rows = flags & ROICORE_PAD_ROWS ? (R + 7) / 8 * 8 : R;
+    int64_t i = 0, j;
+    if (flags & ROICORE_PAD_ROWS && rows <= 32) {
+        /* Few padded rows (PS-RoI's slabs): blocks of 8 columns outermost, so that each out
+         * row is written whole at once instead of 8 values per pass over the columns. */
+        for (j = 0; j + 8 <= Cc; j += 8)
+            for (i = 0; i < rows; i += 8)
+                ROICORE_CAT(transpose_tile, SFX)(in, in_stride, R, out, out_stride, i, j, 8);
+        for (; j < Cc; ++j)
+            for (int64_t a = 0; a < rows; ++a) out[j * out_stride + a] = in[ROW(a) * in_stride + j];
+        return;
+    }
+    for (; i + 8 <= rows; i += 8) {
+        for (j = 0; j + 8 <= Cc; j += 8)
+            ROICORE_CAT(transpose_tile, SFX)(in, in_stride, R, out, out_stride, i, j, 8);
+        if (j < Cc && flags & ROICORE_WIDE_ROWS) {
+            ROICORE_CAT(transpose_tile, SFX)(in, in_stride, R, out, out_stride, i, j,
+                                             (int)(Cc - j));
+            j = Cc;
+        }
+        for (; j < Cc; ++j)
+            for (int64_t a = i; a < i + 8; ++a) out[j * out_stride + a] = in[ROW(a) * in_stride + j];
+    }
+    for (; i < R; ++i)
+        for (j = 0; j < Cc; ++j) out[j * out_stride + i] = in[i * in_stride + j];
+}
+
+#undef ROW
