@@ -45,29 +45,31 @@ ROICORE_CLONES static void TYPED(crop_task)(const void *opv, FWD_TASK *t) {
     typedef VT VTu __attribute__((aligned(sizeof(T))));
     const CROP_OP *op = (const CROP_OP *)opv;
     const int64_t PW = op->PW, W = op->W, lanes = t->lanes, nv = lanes / LANES;
-    for (int64_t p = t->p0; p < t->p1; ++p) {
-        const int64_t ph = p / PW, pw = p % PW;
-        if (pw == 0 || p == t->p0) {
-            roicore_pending_step_all(t->pend, t->npend);
-            if (roicore_stopping(t->run)) break;
-        }
-        VTu *out = (VTu *)(t->acc + (p - t->p0) * lanes);
-        const T y = op->ys[t->k * op->PH + ph], x = op->xs[t->k * PW + pw];
-        if (!TYPED(inside)(y, op->H) || !TYPED(inside)(x, W)) {
-            for (int64_t q = 0; q < nv; ++q) out[q] = (VT){0} + op->fill;
-            continue;
-        }
-        const int64_t top = (int64_t)floor(y), bottom = (int64_t)ceil(y);
-        const int64_t left = (int64_t)floor(x), right = (int64_t)ceil(x);
-        const T ly = y - (T)top, lx = x - (T)left;
-        const VTu *a = (const VTu *)(t->img + (top * W + left) * lanes);
-        const VTu *b = (const VTu *)(t->img + (top * W + right) * lanes);
-        const VTu *c = (const VTu *)(t->img + (bottom * W + left) * lanes);
-        const VTu *d = (const VTu *)(t->img + (bottom * W + right) * lanes);
-        for (int64_t q = 0; q < nv; ++q) {
-            const VT upper = TYPED(lerp)(a[q], b[q], lx, op->fused);
-            const VT lower = TYPED(lerp)(c[q], d[q], lx, op->fused);
-            out[q] = TYPED(lerp)(upper, lower, ly, op->fused);
+    for (int64_t ph = t->p0 / PW; ph <= (t->p1 - 1) / PW; ++ph) {
+        roicore_pending_step_all(t->pend, t->npend);
+        if (roicore_stopping(t->run)) break;
+        int64_t pw0, pw1;
+        roicore_task_row(t->p0, t->p1, PW, ph, &pw0, &pw1);
+        const T y = op->ys[t->k * op->PH + ph];
+        for (int64_t pw = pw0; pw < pw1; ++pw) {
+            VTu *out = (VTu *)(t->acc + (ph * PW + pw - t->p0) * lanes);
+            const T x = op->xs[t->k * PW + pw];
+            if (!TYPED(inside)(y, op->H) || !TYPED(inside)(x, W)) {
+                for (int64_t q = 0; q < nv; ++q) out[q] = (VT){0} + op->fill;
+                continue;
+            }
+            const int64_t top = (int64_t)floor(y), bottom = (int64_t)ceil(y);
+            const int64_t left = (int64_t)floor(x), right = (int64_t)ceil(x);
+            const T ly = y - (T)top, lx = x - (T)left;
+            const VTu *a = (const VTu *)(t->img + (top * W + left) * lanes);
+            const VTu *b = (const VTu *)(t->img + (top * W + right) * lanes);
+            const VTu *c = (const VTu *)(t->img + (bottom * W + left) * lanes);
+            const VTu *d = (const VTu *)(t->img + (bottom * W + right) * lanes);
+            for (int64_t q = 0; q < nv; ++q) {
+                const VT upper = TYPED(lerp)(a[q], b[q], lx, op->fused);
+                const VT lower = TYPED(lerp)(c[q], d[q], lx, op->fused);
+                out[q] = TYPED(lerp)(upper, lower, ly, op->fused);
+            }
         }
     }
     roicore_pending_finish_all(t->pend, t->npend);

@@ -28,6 +28,14 @@
 #include "simd.h"
 #include "checks.h"
 
+/* A forward task's bins [p0, p1) by rows: rows p0 / PW .. (p1 - 1) / PW, row ph holding
+ * columns [*pw0, *pw1). */
+static inline void roicore_task_row(int64_t p0, int64_t p1, int64_t PW, int64_t ph,
+                                    int64_t *pw0, int64_t *pw1) {
+    *pw0 = ph == p0 / PW ? p0 % PW : 0;
+    *pw1 = ph == (p1 - 1) / PW ? (p1 - 1) % PW + 1 : PW;
+}
+
 #define ROICORE_DECLARE_BLOCKED(T, SFX)                                                        \
     typedef struct {                                                                           \
         int64_t k;                 /* the box */                                              \

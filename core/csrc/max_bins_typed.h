@@ -72,27 +72,28 @@ VARIANT_ATTR ROICORE_INLINE void VNAME(max_box)(const MAX_OP *op, FWD_TASK *t,
     const int64_t *ws = op->ws + t->k * PW, *we = op->we + t->k * PW;
     const VT init = (VT){0} + op->initial;
     const int G = with_arg ? ROICORE_BLOCK_VECTORS / 2 : ROICORE_BLOCK_VECTORS;
-    for (int64_t p = t->p0; p < t->p1; ++p) {
-        const int64_t ph = p / PW, pw = p % PW;
-        if (pw == 0 || p == t->p0) {
-            roicore_pending_step_all(t->pend, t->npend);
-            if (roicore_stopping(t->run)) break;
-        }
-        T *acc = t->acc + (p - t->p0) * lanes;
-        int32_t *arg = with_arg ? t->arg + (p - t->p0) * lanes : NULL;
-        if (he[ph] <= hs[ph] || we[pw] <= ws[pw]) {  /* empty bin: 0, nothing to route to */
-            for (int64_t c = 0; c < lanes; ++c) acc[c] = 0;
-            if (arg) for (int64_t c = 0; c < lanes; ++c) arg[c] = -1;
-            continue;
-        }
-        if (lanes == ROICORE_BLOCK_VECTORS * LANES) {
-            for (int q0 = 0; q0 < ROICORE_BLOCK_VECTORS; q0 += G)
-                VNAME(max_group)(t->img, W, lanes, q0, G, hs[ph], he[ph], ws[pw], we[pw],
-                                 compare, op->first, init, acc, arg, t->abase, t->astep);
-        } else {
-            for (int64_t q0 = 0; q0 < lanes / LANES; ++q0)
-                VNAME(max_group)(t->img, W, lanes, q0, 1, hs[ph], he[ph], ws[pw], we[pw],
-                                 compare, op->first, init, acc, arg, t->abase, t->astep);
+    for (int64_t ph = t->p0 / PW; ph <= (t->p1 - 1) / PW; ++ph) {
+        roicore_pending_step_all(t->pend, t->npend);
+        if (roicore_stopping(t->run)) break;
+        int64_t pw0, pw1;
+        roicore_task_row(t->p0, t->p1, PW, ph, &pw0, &pw1);
+        for (int64_t pw = pw0; pw < pw1; ++pw) {
+            T *acc = t->acc + (ph * PW + pw - t->p0) * lanes;
+            int32_t *arg = with_arg ? t->arg + (ph * PW + pw - t->p0) * lanes : NULL;
+            if (he[ph] <= hs[ph] || we[pw] <= ws[pw]) {  /* empty bin: 0, nothing to route to */
+                for (int64_t c = 0; c < lanes; ++c) acc[c] = 0;
+                if (arg) for (int64_t c = 0; c < lanes; ++c) arg[c] = -1;
+                continue;
+            }
+            if (lanes == ROICORE_BLOCK_VECTORS * LANES) {
+                for (int q0 = 0; q0 < ROICORE_BLOCK_VECTORS; q0 += G)
+                    VNAME(max_group)(t->img, W, lanes, q0, G, hs[ph], he[ph], ws[pw], we[pw],
+                                     compare, op->first, init, acc, arg, t->abase, t->astep);
+            } else {
+                for (int64_t q0 = 0; q0 < lanes / LANES; ++q0)
+                    VNAME(max_group)(t->img, W, lanes, q0, 1, hs[ph], he[ph], ws[pw], we[pw],
+                                     compare, op->first, init, acc, arg, t->abase, t->astep);
+            }
         }
     }
     roicore_pending_finish_all(t->pend, t->npend);

@@ -67,7 +67,7 @@ static void TYPED(bin_samples)(T start, T bin_size, int64_t grid, int64_t p, int
     }
 }
 
-static SAMPLES TYPED(samples_at)(SAMPLES s, int64_t j) {
+ROICORE_INLINE SAMPLES TYPED(samples_at)(SAMPLES s, int64_t j) {
     SAMPLES r = {s.lo + j, s.hi + j, s.lw + j, s.hw + j};
     return r;
 }
@@ -174,18 +174,22 @@ static int TYPED(align_tables)(ALIGN_OP *op, const roicore_boxes *boxes, double 
 
 /* The samples of bin row ph / bin column pw of box k: from the shared tables, or built now
  * into the calling thread's piece. */
-static SAMPLES TYPED(row_samples)(const ALIGN_OP *op, int64_t k, int64_t ph) {
-    if (op->y.lo) return TYPED(samples_at)(op->y, op->yoff[k] + ph * op->ygrid[k]);
-    SAMPLES s = TYPED(carve)(op->pieces + omp_get_thread_num() * op->piece_bytes, op->max_grid);
-    TYPED(bin_samples)(op->ystart[k], op->ybin[k], op->ygrid[k], ph, op->H, op->sampler, s);
+static SAMPLES TYPED(piece)(const ALIGN_OP *op, int64_t k, int64_t p, int column) {
+    char *mine = op->pieces + omp_get_thread_num() * op->piece_bytes;
+    SAMPLES s = TYPED(carve)(column ? mine + TYPED(samples_bytes)(op->max_grid) : mine, op->max_grid);
+    if (column)
+        TYPED(bin_samples)(op->xstart[k], op->xbin[k], op->xgrid[k], p, op->W, op->sampler, s);
+    else
+        TYPED(bin_samples)(op->ystart[k], op->ybin[k], op->ygrid[k], p, op->H, op->sampler, s);
     return s;
 }
-static SAMPLES TYPED(column_samples)(const ALIGN_OP *op, int64_t k, int64_t pw) {
+ROICORE_INLINE SAMPLES TYPED(row_samples)(const ALIGN_OP *op, int64_t k, int64_t ph) {
+    if (op->y.lo) return TYPED(samples_at)(op->y, op->yoff[k] + ph * op->ygrid[k]);
+    return TYPED(piece)(op, k, ph, 0);
+}
+ROICORE_INLINE SAMPLES TYPED(column_samples)(const ALIGN_OP *op, int64_t k, int64_t pw) {
     if (op->y.lo) return TYPED(samples_at)(op->x, op->xoff[k] + pw * op->xgrid[k]);
-    SAMPLES s = TYPED(carve)(op->pieces + omp_get_thread_num() * op->piece_bytes +
-                                 TYPED(samples_bytes)(op->max_grid), op->max_grid);
-    TYPED(bin_samples)(op->xstart[k], op->xbin[k], op->xgrid[k], pw, op->W, op->sampler, s);
-    return s;
+    return TYPED(piece)(op, k, pw, 1);
 }
 
 /* A bin's gy x gx samples summed per lane from 0 in (iy, ix) order as
@@ -236,26 +240,27 @@ ROICORE_CLONES static void TYPED(align_task)(const void *opv, FWD_TASK *t) {
     T norm = 0;
     if (gy > 0 && gx > 0)
         norm = op->divide ? (T)(gy * gx) : (T)(1.0 / (double)(gy * gx));  /* Paddle: in double */
-    SAMPLES ys = op->y;
-    for (int64_t p = t->p0; p < t->p1; ++p) {
-        const int64_t ph = p / PW, pw = p % PW;
-        T *out = t->acc + (p - t->p0) * lanes;
-        if (pw == 0 || p == t->p0) {
-            roicore_pending_step_all(t->pend, t->npend);
-            if (roicore_stopping(t->run)) break;
-            if (gy > 0 && gx > 0) ys = TYPED(row_samples)(op, k, ph);
-        }
+    for (int64_t ph = t->p0 / PW; ph <= (t->p1 - 1) / PW; ++ph) {
+        roicore_pending_step_all(t->pend, t->npend);
+        if (roicore_stopping(t->run)) break;
+        int64_t pw0, pw1;
+        roicore_task_row(t->p0, t->p1, PW, ph, &pw0, &pw1);
+        T *row = t->acc + (ph * PW - t->p0) * lanes;  /* bin (ph, pw) at row + pw * lanes */
         if (gy <= 0 || gx <= 0) {  /* no samples: Paddle computes an empty sum times 1/0 */
-            for (int64_t c = 0; c < lanes; ++c) out[c] = op->empty_nan ? (T)NAN : 0;
+            for (int64_t c = pw0 * lanes; c < pw1 * lanes; ++c) row[c] = op->empty_nan ? (T)NAN : 0;
             continue;
         }
-        const SAMPLES xs = TYPED(column_samples)(op, k, pw);
-        if (lanes == ROICORE_BLOCK_VECTORS * LANES)
-            TYPED(align_bin)(t->img, op->W, lanes, 0, ROICORE_BLOCK_VECTORS, ys, gy, xs, gx, norm,
-                             op->divide, out);
-        else
-            for (int64_t q0 = 0; q0 < lanes / LANES; ++q0)
-                TYPED(align_bin)(t->img, op->W, lanes, q0, 1, ys, gy, xs, gx, norm, op->divide, out);
+        const SAMPLES ys = TYPED(row_samples)(op, k, ph);
+        for (int64_t pw = pw0; pw < pw1; ++pw) {
+            const SAMPLES xs = TYPED(column_samples)(op, k, pw);
+            if (lanes == ROICORE_BLOCK_VECTORS * LANES)
+                TYPED(align_bin)(t->img, op->W, lanes, 0, ROICORE_BLOCK_VECTORS, ys, gy, xs, gx,
+                                 norm, op->divide, row + pw * lanes);
+            else
+                for (int64_t q0 = 0; q0 < lanes / LANES; ++q0)
+                    TYPED(align_bin)(t->img, op->W, lanes, q0, 1, ys, gy, xs, gx, norm, op->divide,
+                                     row + pw * lanes);
+        }
     }
     roicore_pending_finish_all(t->pend, t->npend);
 }

@@ -42,8 +42,6 @@ void roicore_offset_indices_i64(int64_t *a, int64_t rows, int64_t n, int64_t str
  * non-temporal stores, which go straight to memory in whole lines; roicore_stream_fence
  * orders them before the results are handed back. */
 #define ROICORE_STREAM_BYTES (8 << 20)  /* outputs at least this large are streamed */
-void roicore_stream_copy(void *dst, const void *src, int64_t nbytes);
-void roicore_stream_fence(void);
 
 /* A write-out spread over later work: copied in one go after its task, a block of output
  * stalls the core on memory bandwidth for the length of the copy.  The thread's next task
@@ -58,10 +56,76 @@ typedef struct {
     int64_t chunk;        /* bytes per step */
 } roicore_pending;
 
-void roicore_pending_set(roicore_pending *p, void *dst, int64_t dst_stride, const void *src,
-                         int64_t src_stride, int64_t rows, int64_t row_bytes, int64_t steps);
-void roicore_pending_step(roicore_pending *p);
-void roicore_pending_finish(roicore_pending *p);
+#if defined(__SSE2__)
+#include <emmintrin.h>
+static inline void roicore_stream_copy(void *dst, const void *src, int64_t nbytes) {
+    char *d = (char *)dst;
+    const char *s = (const char *)src;
+    int64_t head = (int64_t)(-(uintptr_t)d & 15);
+    if (head > nbytes) head = nbytes;
+    memcpy(d, s, (size_t)head);
+    d += head;
+    s += head;
+    nbytes -= head;
+    for (; nbytes >= 64; nbytes -= 64, d += 64, s += 64) {
+        __m128i v0 = _mm_loadu_si128((const __m128i *)s);
+        __m128i v1 = _mm_loadu_si128((const __m128i *)(s + 16));
+        __m128i v2 = _mm_loadu_si128((const __m128i *)(s + 32));
+        __m128i v3 = _mm_loadu_si128((const __m128i *)(s + 48));
+        _mm_stream_si128((__m128i *)d, v0);
+        _mm_stream_si128((__m128i *)(d + 16), v1);
+        _mm_stream_si128((__m128i *)(d + 32), v2);
+        _mm_stream_si128((__m128i *)(d + 48), v3);
+    }
+    for (; nbytes >= 16; nbytes -= 16, d += 16, s += 16)
+        _mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+    memcpy(d, s, (size_t)nbytes);
+}
+static inline void roicore_stream_fence(void) { _mm_sfence(); }
+#else
+static inline void roicore_stream_copy(void *dst, const void *src, int64_t nbytes) {
+    memcpy(dst, src, (size_t)nbytes);
+}
+static inline void roicore_stream_fence(void) {}
+#endif
+
+static inline void roicore_pending_set(roicore_pending *p, void *dst, int64_t dst_stride,
+                                       const void *src, int64_t src_stride, int64_t rows,
+                                       int64_t row_bytes, int64_t steps) {
+    if (rows > 1 && dst_stride == row_bytes && src_stride == row_bytes) {
+        row_bytes *= rows;  /* contiguous: one row */
+        rows = 1;
+    }
+    p->dst = (char *)dst;
+    p->src = (const char *)src;
+    p->rows = rows;
+    p->row_bytes = row_bytes;
+    p->dst_stride = dst_stride;
+    p->src_stride = src_stride;
+    p->row = 0;
+    p->offset = 0;
+    if (steps < 1) steps = 1;
+    /* whole lines, so that an aligned destination stays aligned chunk after chunk */
+    p->chunk = roicore_max64(64, roicore_round_up((rows * row_bytes + steps - 1) / steps, 64));
+}
+
+static inline void roicore_pending_copy(roicore_pending *p, int64_t budget) {
+    while (budget > 0 && p->row < p->rows) {
+        int64_t n = roicore_min64(budget, p->row_bytes - p->offset);
+        roicore_stream_copy(p->dst + p->row * p->dst_stride + p->offset,
+                            p->src + p->row * p->src_stride + p->offset, n);
+        budget -= n;
+        p->offset += n;
+        if (p->offset == p->row_bytes) {
+            p->offset = 0;
+            ++p->row;
+        }
+    }
+}
+
+static inline void roicore_pending_step(roicore_pending *p) { roicore_pending_copy(p, p->chunk); }
+
+static inline void roicore_pending_finish(roicore_pending *p) { roicore_pending_copy(p, INT64_MAX); }
 
 static inline void roicore_pending_step_all(roicore_pending *p, int n) {
     for (int i = 0; i < n; ++i) roicore_pending_step(&p[i]);

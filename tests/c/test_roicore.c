@@ -1,0 +1,492 @@
+/* The C API on its own, without Python: every operator on the frameworks' documented worked
+ * examples (golden numbers), results independent of the thread count, and bad input
+ * answered with the documented error codes.  Built and run by .ci/run, once plainly and
+ * once under AddressSanitizer and UndefinedBehaviorSanitizer (make -C tests/c). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "roicore.h"
+
+static int passed, failed;
+
+#define CHECK(cond, ...)                                                           \
+    do {                                                                           \
+        if (cond) {                                                                \
+            ++passed;                                                              \
+        } else {                                                                   \
+            ++failed;                                                              \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                            \
+            printf(__VA_ARGS__);                                                   \
+            printf("\n");                                                          \
+        }                                                                          \
+    } while (0)
+
+/* every value of got within rtol of want (0: exactly) */
+static void check_values(const char *what, const double *got, const double *want, int n,
+                         double rtol) {
+    for (int i = 0; i < n; ++i) {
+        double tol = rtol * fabs(want[i]);
+        CHECK(fabs(got[i] - want[i]) <= tol, "%s[%d] = %.9g, want %.9g", what, i, got[i], want[i]);
+    }
+}
+
+/* ------------------------------------------------------------------------ arrays */
+
+typedef struct {
+    roicore_dtype dtype;
+    void *data;
+    int64_t n;
+} array;
+
+static array new_array(roicore_dtype dtype, int64_t n) {
+    array a = {dtype, calloc((size_t)(n > 0 ? n : 1), dtype == ROICORE_FLOAT32 ? 4 : 8), n};
+    return a;
+}
+static void set(array a, int64_t i, double v) {
+    if (a.dtype == ROICORE_FLOAT32) ((float *)a.data)[i] = (float)v;
+    else ((double *)a.data)[i] = v;
+}
+static double get(array a, int64_t i) {
+    return a.dtype == ROICORE_FLOAT32 ? (double)((float *)a.data)[i] : ((double *)a.data)[i];
+}
+static void to_doubles(array a, double *out) {
+    for (int64_t i = 0; i < a.n; ++i) out[i] = get(a, i);
+}
+static roicore_tensor tensor(array a, int64_t n, int64_t c, int64_t h, int64_t w) {
+    roicore_tensor t = {a.data, a.dtype, ROICORE_NCHW, n, c, h, w};
+    return t;
+}
+/* k boxes from rows {x1, y1, x2, y2} and their images */
+static roicore_boxes boxes_of(array coords, const int64_t *batch, int64_t k) {
+    roicore_boxes b = {coords.data, batch, k, 0};
+    return b;
+}
+static array coords_of(roicore_dtype dtype, const double *rows, int64_t k) {
+    array a = new_array(dtype, 4 * k);
+    for (int64_t i = 0; i < 4 * k; ++i) set(a, i, rows[i]);
+    return a;
+}
+static array arange(roicore_dtype dtype, int64_t n, double start, double step) {
+    array a = new_array(dtype, n);
+    for (int64_t i = 0; i < n; ++i) set(a, i, start + (double)i * step);
+    return a;
+}
+
+static const roicore_exec one_thread = {1, NULL, NULL};
+static const roicore_exec three_threads = {3, NULL, NULL};
+
+/* the conventions of roicore.core.conventions, by name */
+static const roicore_max_pool_rules MXNET_MAX = {
+    ROICORE_BIN_ARITHMETIC_INPUT, ROICORE_PRECISION_FLOAT32, ROICORE_INITIAL_NEG_FLT_MAX,
+    ROICORE_COMPARE_GREATER, ROICORE_ARGMAX_GLOBAL, ROICORE_INT32, ROICORE_PRECISION_INPUT};
+static const roicore_max_pool_rules PADDLE_MAX = {
+    ROICORE_BIN_ARITHMETIC_FLOAT32, ROICORE_PRECISION_FLOAT32, ROICORE_INITIAL_LOWEST,
+    ROICORE_COMPARE_GREATER, ROICORE_ARGMAX_PLANE, ROICORE_INT64, ROICORE_PRECISION_INPUT};
+static const roicore_max_pool_rules TORCHVISION_MAX = {
+    ROICORE_BIN_ARITHMETIC_INPUT, ROICORE_PRECISION_INPUT, ROICORE_INITIAL_NEG_FLT_MAX,
+    ROICORE_COMPARE_GREATER, ROICORE_ARGMAX_PLANE, ROICORE_INT32, ROICORE_PRECISION_INPUT};
+static const roicore_max_pool_rules OPENVINO_MAX = {
+    ROICORE_BIN_ARITHMETIC_INPUT, ROICORE_PRECISION_FLOAT32, ROICORE_INITIAL_LOWEST,
+    ROICORE_COMPARE_STD_MAX, ROICORE_ARGMAX_PLANE, ROICORE_INT64, ROICORE_PRECISION_INPUT};
+static const roicore_max_pool_rules OPENVINO_CPU_MAX = {
+    ROICORE_BIN_ARITHMETIC_EXACT, ROICORE_PRECISION_FLOAT32, ROICORE_INITIAL_FIRST,
+    ROICORE_COMPARE_GREATER, ROICORE_ARGMAX_PLANE, ROICORE_INT64, ROICORE_PRECISION_FLOAT64};
+static const roicore_max_pool_rules *ALL_MAX[] = {&MXNET_MAX, &PADDLE_MAX, &TORCHVISION_MAX,
+                                                  &OPENVINO_MAX, &OPENVINO_CPU_MAX};
+static const char *ALL_MAX_NAMES[] = {"mxnet", "paddle", "torchvision", "openvino", "openvino_cpu"};
+static const roicore_bilinear_pool_rules OPENVINO_BILINEAR = {1, 0};
+static const roicore_bilinear_pool_rules TF_BILINEAR = {0, 0};
+static const roicore_psroi_pool_rules MXNET_PSROI = {ROICORE_PRECISION_FLOAT32};
+static const roicore_roi_align_rules MXNET_ALIGN = {ROICORE_SAMPLER_CAFFE2, ROICORE_PRECISION_FLOAT32,
+                                                    ROICORE_EMPTY_GRID_ZERO, 0};
+static const roicore_roi_align_rules PADDLE_ALIGN = {ROICORE_SAMPLER_PADDLE, ROICORE_PRECISION_FLOAT32,
+                                                     ROICORE_EMPTY_GRID_NAN, 1};
+
+static const roicore_dtype DTYPES[] = {ROICORE_FLOAT32, ROICORE_FLOAT64};
+
+/* ------------------------------------------------------------------------ golden examples */
+
+/* MXNet ROIPooling docstring: arange(48) as 8 x 6, box [0, 0, 4, 4], 2 x 2 bins; the same
+ * numbers for every convention, and the argmax (value == position) too. */
+static void mxnet_docstring(void) {
+    static const double box[] = {0, 0, 4, 4};
+    static const double want1[] = {14, 16, 26, 28}, want07[] = {7, 9, 19, 21};
+    const int64_t batch[] = {0};
+    for (int d = 0; d < 2; ++d)
+        for (int r = 0; r < 5; ++r)
+            for (int s = 0; s < 2; ++s) {
+                array x = arange(DTYPES[d], 48, 0, 1), c = coords_of(DTYPES[d], box, 1);
+                array out = new_array(DTYPES[d], 4);
+                int64_t argmax[4];
+                roicore_tensor tx = tensor(x, 1, 1, 8, 6), to = tensor(out, 1, 1, 2, 2);
+                roicore_boxes b = boxes_of(c, batch, 1);
+                roicore_error err;
+                int rc = roicore_roi_pool_max_forward(ALL_MAX[r], &tx, &b, s ? 0.7 : 1.0, &to,
+                                                      argmax, ROICORE_INT64, &one_thread, &err);
+                CHECK(rc == ROICORE_OK, "%s: %s", ALL_MAX_NAMES[r], err.message);
+                double got[4], arg[4];
+                to_doubles(out, got);
+                for (int i = 0; i < 4; ++i) arg[i] = (double)argmax[i];
+                check_values(ALL_MAX_NAMES[r], got, s ? want07 : want1, 4, 0);
+                check_values("argmax", arg, s ? want07 : want1, 4, 0);
+                free(x.data); free(c.data); free(out.data);
+            }
+}
+
+/* ... and its gradient: weights 1, 2, 3, 4 land on (2, 2), (2, 4), (4, 2), (4, 4). */
+static void mxnet_backward_routing(void) {
+    const int32_t argmax[] = {14, 16, 26, 28};
+    const int64_t batch[] = {0};
+    array g = arange(ROICORE_FLOAT32, 4, 1, 1), dx = new_array(ROICORE_FLOAT32, 48);
+    set(dx, 0, 99);  /* every element is written */
+    roicore_tensor tg = tensor(g, 1, 1, 2, 2), tdx = tensor(dx, 1, 1, 8, 6);
+    roicore_boxes b = {NULL, batch, 1, 0};
+    roicore_error err;
+    int rc = roicore_roi_pool_max_backward(&MXNET_MAX, &tg, argmax, ROICORE_INT32, &b, &tdx,
+                                           &one_thread, &err);
+    CHECK(rc == ROICORE_OK, "%s", err.message);
+    for (int i = 0; i < 48; ++i) {
+        double want = i == 14 ? 1 : i == 16 ? 2 : i == 26 ? 3 : i == 28 ? 4 : 0;
+        CHECK(get(dx, i) == want, "dx[%d] = %g, want %g", i, get(dx, i), want);
+    }
+    free(g.data); free(dx.data);
+}
+
+/* Paddle roi_pool docstring: 1..16 as 4 x 4, boxes [1, 1, 2, 2] and [1.5, 1.5, 3, 3], 1 x 1
+ * bins: 11 and 16, plane argmax 10 and 15.  And deepsense-ai's notebook example. */
+static void paddle_and_deepsense(void) {
+    static const double boxes[] = {1, 1, 2, 2, 1.5, 1.5, 3, 3}, want[] = {11, 16}, want_arg[] = {10, 15};
+    const int64_t batch[] = {0, 0, 0};
+    for (int r = 0; r < 5; ++r) {
+        array x = arange(ROICORE_FLOAT32, 16, 1, 1), c = coords_of(ROICORE_FLOAT32, boxes, 2);
+        array out = new_array(ROICORE_FLOAT32, 2);
+        int64_t argmax[2];
+        roicore_tensor tx = tensor(x, 1, 1, 4, 4), to = tensor(out, 2, 1, 1, 1);
+        roicore_boxes b = boxes_of(c, batch, 2);
+        roicore_error err;
+        CHECK(roicore_roi_pool_max_forward(ALL_MAX[r], &tx, &b, 1.0, &to, argmax, ROICORE_INT64,
+                                           &one_thread, &err) == ROICORE_OK, "%s", err.message);
+        double got[2], arg[2] = {(double)argmax[0], (double)argmax[1]};
+        to_doubles(out, got);
+        check_values("paddle docstring", got, want, 2, 0);
+        check_values("paddle argmax", arg, want_arg, 2, 0);
+        free(x.data); free(c.data); free(out.data);
+    }
+    static const double map[] = {1, 2, 4, 4, 3, 4, 1, 2, 6, 2, 1, 7, 1, 3, 2, 8};
+    static const double rois[] = {0, 0, 1, 3, 2, 2, 3, 3, 1, 0, 3, 2};
+    static const double want_ds[] = {3, 4, 6, 3, 1, 7, 2, 8, 4, 4, 4, 7};
+    array x = coords_of(ROICORE_FLOAT32, map, 4), c = coords_of(ROICORE_FLOAT32, rois, 3);
+    array out = new_array(ROICORE_FLOAT32, 12);
+    roicore_tensor tx = tensor(x, 1, 1, 4, 4), to = tensor(out, 3, 1, 2, 2);
+    roicore_boxes b = boxes_of(c, batch, 3);
+    roicore_error err;
+    CHECK(roicore_roi_pool_max_forward(&MXNET_MAX, &tx, &b, 1.0, &to, NULL, ROICORE_INT32,
+                                       &three_threads, &err) == ROICORE_OK, "%s", err.message);
+    double got[12];
+    to_doubles(out, got);
+    check_values("deepsense notebook", got, want_ds, 12, 0);
+    free(x.data); free(c.data); free(out.data);
+}
+
+/* OpenVINO's test vectors: features i/10, 2 x 2 max pooling of three boxes, and bilinear
+ * pooling of a normalised box to one bin. */
+static void openvino_vectors(void) {
+    static const double boxes[] = {1, 1, 3, 3, 1, 2, 2, 4, 0, 1, 4, 5};
+    static const double want[] = {1.4, 1.5, 2.0, 2.1, 1.9, 2.0, 2.5, 2.6, 2.0, 2.2, 3.2, 3.4};
+    const int64_t batch[] = {0, 0, 0};
+    for (int r = 0; r < 5; ++r) {
+        array x = new_array(ROICORE_FLOAT32, 36), c = coords_of(ROICORE_FLOAT32, boxes, 3);
+        for (int i = 0; i < 36; ++i) set(x, i, (float)(i / 10.0));
+        array out = new_array(ROICORE_FLOAT32, 12);
+        roicore_tensor tx = tensor(x, 1, 1, 6, 6), to = tensor(out, 3, 1, 2, 2);
+        roicore_boxes b = boxes_of(c, batch, 3);
+        roicore_error err;
+        CHECK(roicore_roi_pool_max_forward(ALL_MAX[r], &tx, &b, 1.0, &to, NULL, ROICORE_INT32,
+                                           &one_thread, &err) == ROICORE_OK, "%s", err.message);
+        double got[12];
+        to_doubles(out, got);
+        check_values(ALL_MAX_NAMES[r], got, want, 12, 1e-6);
+        free(x.data); free(c.data); free(out.data);
+    }
+    static const double nbox[] = {0.2, 0.2, 0.4, 0.4}, want_b[] = {1.05};
+    for (int d = 0; d < 2; ++d) {
+        array x = new_array(DTYPES[d], 36), c = coords_of(DTYPES[d], nbox, 1);
+        for (int i = 0; i < 36; ++i) set(x, i, i / 10.0);
+        array out = new_array(DTYPES[d], 1);
+        roicore_tensor tx = tensor(x, 1, 1, 6, 6), to = tensor(out, 1, 1, 1, 1);
+        roicore_boxes b = boxes_of(c, batch, 1);
+        roicore_error err;
+        CHECK(roicore_roi_pool_bilinear_forward(&OPENVINO_BILINEAR, &tx, &b, 0.0, &to, &one_thread,
+                                                &err) == ROICORE_OK, "%s", err.message);
+        double got[1] = {get(out, 0)};
+        check_values("bilinear 1x1", got, want_b, 1, 1e-6);
+        free(x.data); free(c.data); free(out.data);
+    }
+}
+
+/* MXNet PSROIPooling: arange(288) as 8 x 6 x 6, output_dim 2, pooled and group size 2. */
+static void mxnet_psroi(void) {
+    static const double boxes[] = {0, 0, 3, 3, 1, 1, 5, 4};
+    static const double want[] = {3.5, 41.5, 87.5, 125.5, 147.5, 185.5, 231.5, 269.5,
+                                  11, 49, 95, 133, 155, 193, 239, 277};
+    const int64_t batch[] = {0, 0};
+    for (int d = 0; d < 2; ++d) {
+        array x = arange(DTYPES[d], 288, 0, 1), c = coords_of(DTYPES[d], boxes, 2);
+        array out = new_array(DTYPES[d], 16);
+        roicore_tensor tx = tensor(x, 1, 8, 6, 6), to = tensor(out, 2, 2, 2, 2);
+        roicore_boxes b = boxes_of(c, batch, 2);
+        roicore_error err;
+        CHECK(roicore_psroi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 2, 2, &to, &one_thread,
+                                         &err) == ROICORE_OK, "%s", err.message);
+        double got[16];
+        to_doubles(out, got);
+        check_values("psroi", got, want, 16, 0);
+        free(x.data); free(c.data); free(out.data);
+    }
+}
+
+/* MXNet ROIAlign (sample_ratio 2) on arange(48) as 8 x 6, plain and aligned; Paddle's
+ * roi_align test vector (aligned, adaptive) on 1..16 as 4 x 4. */
+static void roi_align_vectors(void) {
+    static const double boxes[] = {0, 0, 4, 4, 0.5, 1.5, 3.7, 6.2};
+    static const double want[] = {7, 9, 19, 21, 17.35, 18.95, 31.45, 33.05};
+    static const double want_aligned[] = {3.5, 5.5, 15.5, 17.5, 13.85, 15.45, 27.95, 29.55};
+    const int64_t batch[] = {0, 0};
+    for (int d = 0; d < 2; ++d)
+        for (int aligned = 0; aligned < 2; ++aligned) {
+            array x = arange(DTYPES[d], 48, 0, 1), c = coords_of(DTYPES[d], boxes, 2);
+            array out = new_array(DTYPES[d], 8);
+            roicore_tensor tx = tensor(x, 1, 1, 8, 6), to = tensor(out, 2, 1, 2, 2);
+            roicore_boxes b = boxes_of(c, batch, 2);
+            roicore_error err;
+            CHECK(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, aligned, &to,
+                                            &one_thread, &err) == ROICORE_OK, "%s", err.message);
+            double got[8];
+            to_doubles(out, got);
+            check_values(aligned ? "roi_align aligned" : "roi_align", got,
+                         aligned ? want_aligned : want, 8, d == 0 ? 1e-6 : 1e-12);
+            free(x.data); free(c.data); free(out.data);
+        }
+    static const double pboxes[] = {1, 1, 2, 2, 1.5, 1.5, 3, 3}, pwant[] = {6, 9.75};
+    array x = arange(ROICORE_FLOAT32, 16, 1, 1), c = coords_of(ROICORE_FLOAT32, pboxes, 2);
+    array out = new_array(ROICORE_FLOAT32, 2);
+    roicore_tensor tx = tensor(x, 1, 1, 4, 4), to = tensor(out, 2, 1, 1, 1);
+    roicore_boxes b = boxes_of(c, batch, 2);
+    roicore_error err;
+    CHECK(roicore_roi_align_forward(&PADDLE_ALIGN, &tx, &b, 1.0, -1, 1, &to, &one_thread, &err)
+              == ROICORE_OK, "%s", err.message);
+    double got[2];
+    to_doubles(out, got);
+    check_values("paddle roi_align", got, pwant, 2, 0);
+    free(x.data); free(c.data); free(out.data);
+}
+
+/* ------------------------------------------------------------------------ thread counts */
+
+static uint64_t lcg(uint64_t *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return *s >> 33;
+}
+
+/* Every operator and direction, on a random map with 70 channels (a whole block and a
+ * padded one) and boxes of every shape, gives the same bits at 1 and 3 threads. */
+static void thread_invariance(void) {
+    enum { N = 2, C = 70, H = 13, W = 11, K = 9, P = 3 };
+    uint64_t seed = 1;
+    for (int d = 0; d < 2; ++d) {
+        roicore_dtype dt = DTYPES[d];
+        array x = new_array(dt, N * C * H * W), c = new_array(dt, 4 * K);
+        array nc = new_array(dt, 4 * K), g = new_array(dt, K * C * P * P);
+        int64_t batch[K];
+        for (int64_t i = 0; i < x.n; ++i) set(x, i, (double)lcg(&seed) / 2e9 - 1);
+        for (int64_t i = 0; i < g.n; ++i) set(g, i, (double)lcg(&seed) / 2e9 - 1);
+        for (int k = 0; k < K; ++k) {
+            batch[k] = k % N;
+            for (int j = 0; j < 4; ++j) {
+                set(c, 4 * k + j, (double)(lcg(&seed) % 1400) / 100.0 - 1);
+                set(nc, 4 * k + j, (double)(lcg(&seed) % 120) / 100.0 - 0.1);
+            }
+        }
+        roicore_tensor tx = tensor(x, N, C, H, W), tg = tensor(g, K, C, P, P);
+        roicore_boxes b = boxes_of(c, batch, K), nb = boxes_of(nc, batch, K);
+        array out[2], dx[2];
+        int64_t *arg[2];
+        const char *what[] = {"max forward", "max backward", "bilinear forward",
+                              "bilinear backward", "align forward", "align backward",
+                              "psroi forward", "psroi backward"};
+        for (int op = 0; op < 8; ++op) {
+            for (int t = 0; t < 2; ++t) {
+                const roicore_exec *ex = t ? &three_threads : &one_thread;
+                out[t] = new_array(dt, K * C * P * P);
+                dx[t] = new_array(dt, N * C * H * W);
+                arg[t] = calloc(K * C * P * P, sizeof(int64_t));
+                roicore_tensor to = tensor(out[t], K, C, P, P), tdx = tensor(dx[t], N, C, H, W);
+                roicore_tensor tps = tensor(out[t], K, C / 2, 1, 1);  /* D = 35, group 1 x 2 */
+                roicore_tensor tgps = tensor(g, K, C / 2, 1, 1);
+                roicore_error err;
+                int rc = ROICORE_OK;
+                switch (op) {
+                case 0: case 1:
+                    rc = roicore_roi_pool_max_forward(&PADDLE_MAX, &tx, &b, 0.9, &to, arg[t],
+                                                      ROICORE_INT64, ex, &err);
+                    if (op == 1 && rc == ROICORE_OK)
+                        rc = roicore_roi_pool_max_backward(&PADDLE_MAX, &tg, arg[t], ROICORE_INT64,
+                                                           &b, &tdx, ex, &err);
+                    break;
+                case 2: rc = roicore_roi_pool_bilinear_forward(&TF_BILINEAR, &tx, &nb, 0.5, &to, ex, &err); break;
+                case 3: rc = roicore_roi_pool_bilinear_backward(&TF_BILINEAR, &tg, &nb, &tdx, ex, &err); break;
+                case 4: rc = roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 0.9, -1, 0, &to, ex, &err); break;
+                case 5: rc = roicore_roi_align_backward(&MXNET_ALIGN, &tg, &b, 0.9, 2, 1, &tdx, ex, &err); break;
+                case 6: rc = roicore_psroi_pool_forward(&MXNET_PSROI, &tx, &b, 0.9, 1, 2, &tps, ex, &err); break;
+                case 7: rc = roicore_psroi_pool_backward(&MXNET_PSROI, &tgps, &b, 0.9, 1, 2, &tdx, ex, &err); break;
+                }
+                CHECK(rc == ROICORE_OK, "%s: %s", what[op], err.message);
+            }
+            int backward = op % 2 == 1;
+            size_t bytes = (size_t)(backward ? dx[0].n : out[0].n) * (dt == ROICORE_FLOAT32 ? 4 : 8);
+            CHECK(memcmp(backward ? dx[0].data : out[0].data, backward ? dx[1].data : out[1].data,
+                         bytes) == 0, "%s %s differs between 1 and 3 threads", what[op],
+                  dt == ROICORE_FLOAT32 ? "float32" : "float64");
+            for (int t = 0; t < 2; ++t) {
+                free(out[t].data); free(dx[t].data); free(arg[t]);
+            }
+        }
+        free(x.data); free(c.data); free(nc.data); free(g.data);
+    }
+}
+
+/* ------------------------------------------------------------------------ bad input */
+
+static int stop_now(void *arg) {
+    ++*(int *)arg;
+    return 1;
+}
+
+static void bad_input(void) {
+    array x = arange(ROICORE_FLOAT32, 2 * 3 * 8 * 8, 0, 1), out = new_array(ROICORE_FLOAT32, 2 * 3 * 4);
+    static const double rows[] = {0, 0, 5, 5, 1, 1, 7, 6};
+    array c = coords_of(ROICORE_FLOAT32, rows, 2);
+    int64_t batch[] = {0, 1}, arg[24];
+    roicore_tensor tx = tensor(x, 2, 3, 8, 8), to = tensor(out, 2, 3, 2, 2);
+    roicore_boxes b = boxes_of(c, batch, 2);
+    roicore_error err;
+#define EXPECT(call, want)                                                                      \
+    do {                                                                                        \
+        memset(&err, 0, sizeof err);                                                            \
+        int rc_ = (call);                                                                       \
+        CHECK(rc_ == (want) && err.code == (want) && err.message[0], "%s: got %d (%s), want %d", \
+              #call, rc_, err.message, (want));                                                 \
+    } while (0)
+    /* batch indices */
+    batch[1] = 2;
+    EXPECT(roicore_roi_pool_max_forward(&MXNET_MAX, &tx, &b, 1.0, &to, NULL, ROICORE_INT32, NULL, &err), ROICORE_ERR_VALUE);
+    batch[1] = -1;
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, 0, &to, NULL, &err), ROICORE_ERR_VALUE);
+    b.masked = 1;  /* masked: zeros, no error */
+    for (int i = 0; i < 24; ++i) set(out, i, 99);
+    CHECK(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, 0, &to, NULL, &err) == ROICORE_OK, "%s", err.message);
+    for (int i = 12; i < 24; ++i) CHECK(get(out, i) == 0, "masked box output[%d] = %g", i, get(out, i));
+    CHECK(roicore_roi_pool_max_forward(&MXNET_MAX, &tx, &b, 1.0, &to, arg, ROICORE_INT64, NULL, &err) == ROICORE_OK, "%s", err.message);
+    for (int i = 12; i < 24; ++i) CHECK(arg[i] == -1, "masked box argmax[%d] = %lld", i, (long long)arg[i]);
+    b.masked = 0;
+    batch[1] = 1;
+    /* coordinates */
+    set(c, 2, NAN);
+    EXPECT(roicore_roi_pool_max_forward(&MXNET_MAX, &tx, &b, 1.0, &to, NULL, ROICORE_INT32, NULL, &err), ROICORE_ERR_VALUE);
+    set(c, 2, 1e30);
+    EXPECT(roicore_psroi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 1, 3, &(roicore_tensor){out.data, ROICORE_FLOAT32, ROICORE_NCHW, 2, 1, 2, 2}, NULL, &err), ROICORE_ERR_VALUE);
+    set(c, 2, 5);
+    /* a bilinear box on a 1 x 1 map: the range check scales by max(size - 1, 1) */
+    array one = arange(ROICORE_FLOAT32, 2 * 3, 0, 1);
+    roicore_tensor t1 = tensor(one, 2, 3, 1, 1);
+    set(c, 0, -3e38);
+    EXPECT(roicore_roi_pool_bilinear_forward(&TF_BILINEAR, &t1, &b, 0.0, &to, NULL, &err), ROICORE_ERR_VALUE);
+    set(c, 0, 0);
+    /* shapes, sizes, pointers, alignment */
+    roicore_tensor wrong = tensor(out, 2, 2, 2, 2);  /* C = 2, x has 3 */
+    EXPECT(roicore_roi_pool_max_forward(&MXNET_MAX, &tx, &b, 1.0, &wrong, NULL, ROICORE_INT32, NULL, &err), ROICORE_ERR_ARGUMENT);
+    wrong = tensor(out, 3, 3, 2, 1);  /* K = 3 for 2 boxes */
+    EXPECT(roicore_roi_pool_max_forward(&MXNET_MAX, &tx, &b, 1.0, &wrong, NULL, ROICORE_INT32, NULL, &err), ROICORE_ERR_ARGUMENT);
+    roicore_tensor huge = tensor(x, (int64_t)1 << 40, (int64_t)1 << 40, 8, 8);
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &huge, &b, 1.0, 2, 0, &to, NULL, &err), ROICORE_ERR_ARGUMENT);
+    roicore_tensor null_x = tensor(x, 2, 3, 8, 8);
+    null_x.data = NULL;
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &null_x, &b, 1.0, 2, 0, &to, NULL, &err), ROICORE_ERR_ARGUMENT);
+    roicore_tensor odd = tensor(x, 2, 3, 8, 7);
+    odd.data = (char *)x.data + 1;
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &odd, &b, 1.0, 2, 0, &to, NULL, &err), ROICORE_ERR_ARGUMENT);
+    roicore_tensor overlap = tensor(x, 2, 3, 2, 2);
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, 0, &overlap, NULL, &err), ROICORE_ERR_ARGUMENT);
+    roicore_tensor over_boxes = {c.data, ROICORE_FLOAT32, ROICORE_NCHW, 2, 1, 2, 1};
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, 0, &over_boxes, NULL, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_psroi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 2, 2, &to, NULL, &err), ROICORE_ERR_ARGUMENT);
+    /* scalars and rules */
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 0.0, 2, 0, &to, NULL, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, NAN, 2, 0, &to, NULL, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1e-50, 2, 0, &to, NULL, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 5000, 0, &to, NULL, &err), ROICORE_ERR_ARGUMENT);
+    set(c, 2, 1e6);
+    set(c, 3, 1e6);
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, -1, 0, &to, NULL, &err), ROICORE_ERR_VALUE);
+    set(c, 2, 5);
+    set(c, 3, 5);
+    roicore_max_pool_rules bogus = MXNET_MAX;
+    bogus.compare = (roicore_compare)7;
+    EXPECT(roicore_roi_pool_max_forward(&bogus, &tx, &b, 1.0, &to, NULL, ROICORE_INT32, NULL, &err), ROICORE_ERR_ARGUMENT);
+    const int64_t fields[] = {0, 1, 0, 0, 1, 0, (int64_t)1 << 40};
+    roicore_max_pool_rules from;
+    EXPECT(roicore_max_pool_rules_from_array(fields, 7, &from, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_max_pool_rules_from_array(fields, 6, &from, &err), ROICORE_ERR_ARGUMENT);
+    /* an argmax that points outside its own plane is refused, not followed */
+    array g = arange(ROICORE_FLOAT32, 24, 1, 0), dx = new_array(ROICORE_FLOAT32, 2 * 3 * 64);
+    roicore_tensor tg = tensor(g, 2, 3, 2, 2), tdx = tensor(dx, 2, 3, 8, 8);
+    int32_t forged[24];
+    for (int i = 0; i < 24; ++i) forged[i] = -1;
+    forged[5] = 64;
+    EXPECT(roicore_roi_pool_max_backward(&PADDLE_MAX, &tg, forged, ROICORE_INT32, &b, &tdx, NULL, &err), ROICORE_ERR_VALUE);
+    forged[5] = 2 * 3 * 64 + 7;
+    EXPECT(roicore_roi_pool_max_backward(&MXNET_MAX, &tg, forged, ROICORE_INT32, &b, &tdx, NULL, &err), ROICORE_ERR_VALUE);
+    /* batch index conversions */
+    const float column[] = {0, 9, 9, 9, 9, 1.5f, 9, 9, 9, 9};
+    int64_t out_batch[2];
+    EXPECT(roicore_batch_from_column(column, ROICORE_FLOAT32, 5, 2, 2, 0, out_batch, &err), ROICORE_ERR_VALUE);
+    const int32_t counts[] = {1, 2};
+    EXPECT(roicore_batch_from_counts(counts, ROICORE_INT32, 2, 2, out_batch, &err), ROICORE_ERR_VALUE);
+    const int32_t indices[] = {0, 3};
+    EXPECT(roicore_batch_from_indices(indices, ROICORE_INT32, 2, 2, out_batch, &err), ROICORE_ERR_VALUE);
+    /* memory limit and a stop request */
+    int64_t limit = roicore_get_memory_limit();
+    roicore_set_memory_limit(1024);
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, 0, &to, NULL, &err), ROICORE_ERR_MEMORY);
+    roicore_set_memory_limit(limit);
+    int polls = 0;
+    roicore_exec stopping = {1, stop_now, &polls};
+    /* a call long enough to be polled */
+    array big = new_array(ROICORE_FLOAT32, 64 * 256 * 256), bout = new_array(ROICORE_FLOAT32, 64 * 32 * 32);
+    static const double whole[] = {0, 0, 255, 255};
+    array bc = coords_of(ROICORE_FLOAT32, whole, 1);
+    int64_t b0[] = {0};
+    roicore_tensor tbig = tensor(big, 1, 64, 256, 256), tbout = tensor(bout, 1, 64, 32, 32);
+    roicore_boxes bb = boxes_of(bc, b0, 1);
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tbig, &bb, 1.0, 1024, 0, &tbout, &stopping, &err), ROICORE_ERR_INTERRUPTED);
+    CHECK(polls >= 1, "the poll callback was not called");
+    free(big.data); free(bout.data); free(bc.data);
+    free(x.data); free(out.data); free(c.data); free(one.data); free(g.data); free(dx.data);
+}
+
+int main(void) {
+    mxnet_docstring();
+    mxnet_backward_routing();
+    paddle_and_deepsense();
+    openvino_vectors();
+    mxnet_psroi();
+    roi_align_vectors();
+    thread_invariance();
+    bad_input();
+    printf("roicore C API %d, OpenMP %s\n", roicore_api_version(),
+           roicore_openmp_enabled() ? "on" : "off");
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
