@@ -61,27 +61,28 @@ static int cpus_available(void) {
 }
 
 /* libgomp exits the process ("Thread creation failed") when it cannot start a thread of a
- * team, which container limits (pids.max, RLIMIT_NPROC) make possible.  Before a calling
- * thread first asks for a team larger than it has had, it starts that many threads itself
- * and lets them exit at once; the team is as large as what started.  libgomp then keeps
- * its pool's threads for later calls, so the probe runs once per team size per thread. */
+ * team, which container limits (pids.max, RLIMIT_NPROC, RLIMIT_AS) make possible.  libgomp
+ * keeps a pool of threads per calling thread and starts only those a larger team adds, so
+ * before a calling thread first asks for a team larger than any it has had, it starts that
+ * many more threads itself and lets them exit at once: the team is as large as what
+ * started.  The probe runs once per team size per thread. */
 static __thread int team_probed = 1;  /* the largest team known to start from this thread */
 
 static void *probe_thread(void *arg) { return arg; }
 
 static int startable_team(int n) {
     if (n <= team_probed) return n;
-    pthread_t *tids = (pthread_t *)malloc(sizeof(pthread_t) * (size_t)(n - 1));
+    const int more = n - team_probed;
+    pthread_t *tids = (pthread_t *)malloc(sizeof(pthread_t) * (size_t)more);
     int started = 0;
     if (tids) {  /* default attributes, as libgomp's threads have unless OMP_STACKSIZE is set */
-        while (started < n - 1 && pthread_create(&tids[started], NULL, probe_thread, NULL) == 0)
+        while (started < more && pthread_create(&tids[started], NULL, probe_thread, NULL) == 0)
             ++started;
         for (int i = 0; i < started; ++i) pthread_join(tids[i], NULL);
         free(tids);
     }
-    int team = started + 1;
-    if (team > team_probed) team_probed = team;
-    return team;
+    team_probed += started;
+    return team_probed;
 }
 
 int roicore_resolve_threads(int requested) {
