@@ -1,7 +1,6 @@
 """``roicore bench``: roicore against the native RoI operators, interleaved rounds."""
 from __future__ import annotations
 
-import os
 import random
 import statistics
 import textwrap
@@ -10,19 +9,13 @@ import time
 
 from . import workloads as WL
 from ._proc import Worker, WorkerDied
-from ._worker import RUN_MIN_SECONDS
+from ._bench_worker import RUN_MIN_SECONDS
+from .frameworks import harness_class
 from ._report import FRAMEWORK_ALIASES, environment, log, parse_list, table, write_json
 
 FRAMEWORKS = ("paddle", "mxnet", "openvino", "onnxruntime", "tensorflow")
 OPS = ("roi_pool", "roi_align", "psroi_pool")
 DIRECTIONS = ("forward", "fwd+bwd")
-NATIVE = {
-    "paddle": "paddle.vision.ops roi_pool / roi_align / psroi_pool",
-    "mxnet": "mx.nd ROIPooling / contrib.ROIAlign / contrib.PSROIPooling",
-    "openvino": "CPU plugin ROIPooling / ROIAlign-9 / PSROIPooling, INFERENCE_PRECISION_HINT f32",
-    "onnxruntime": "CPUExecutionProvider MaxRoiPool / RoiAlign (opset 16)",
-    "tensorflow": "roi_pool approximation: crop_and_resize to 2P x 2P + 2x2 max-pool (NHWC)",
-}
 QUICK_SCALE = 0.03
 
 
@@ -510,7 +503,7 @@ def print_report(report):
         if n == "roicore":
             continue
         if i["status"] == "ran" or i.get("version"):
-            print(f"  {n}: {NATIVE[n]}")
+            print(f"  {n}: {harness_class(n).native_text}")
         if i["status"] != "ran":
             print(f"  {n}: {i['status'].upper()}: {str(i['reason']).strip().splitlines()[0]}")
     for e in report["errors"]:

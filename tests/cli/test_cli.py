@@ -429,7 +429,7 @@ def test_traced_peak_counts_scratch_not_inputs_or_older_arrays():
     """The memory figure's arithmetic, in a worker-like subprocess."""
     code = """if 1:
         import numpy as np
-        from roicore.cli._worker import traced_peak, nbytes
+        from roicore.cli._bench_worker import traced_peak, nbytes
         held = np.ones(4 << 20, np.uint8)            # alive before the call: not counted
         def op(x):
             scratch = np.ones(8 << 20, np.uint8)     # 8 MiB scratch, freed on return
@@ -447,7 +447,7 @@ def test_traced_peak_counts_scratch_not_inputs_or_older_arrays():
 
 
 def test_a_timed_run_repeats_short_calls_and_takes_their_median():
-    from roicore.cli._worker import RUN_MIN_SECONDS, timed_run
+    from roicore.cli._bench_worker import RUN_MIN_SECONDS, timed_run
 
     def fake(durations):
         calls = iter(durations)
@@ -465,7 +465,7 @@ def test_framework_workers_warm_the_output_cache_per_run_and_release_it(cache):
     """In a framework worker an adapter or core run makes one untimed call first, so the
     timed call reuses its output block, and leaves no idle block behind; native runs and
     the roicore worker are timed as they come."""
-    from roicore.cli._worker import BenchState
+    from roicore.cli._bench_worker import BenchState
     import roicore.core as rc
 
     def contender():
@@ -479,7 +479,7 @@ def test_framework_workers_warm_the_output_cache_per_run_and_release_it(cache):
             return 1.0  # seconds: one call per timed run
         return call, log
 
-    fw = BenchState(runner=None, threads=1, cache_per_run=True)
+    fw = BenchState(None, threads=1, cache_per_run=True)
     core_call, core_log = contender()
     native_call, native_log = contender()
     fw.calls = {("roi_pool", "forward", "core", 1): core_call,
@@ -490,7 +490,7 @@ def test_framework_workers_warm_the_output_cache_per_run_and_release_it(cache):
     assert rc.output_cache_stats()["idle_blocks"] == 0
     fw.handle(dict(cmd="run", key=["roi_pool", "forward", "native", 1]))
     assert len(native_log) == 1
-    plain = BenchState(runner=None, threads=1)
+    plain = BenchState(None, threads=1)
     plain.calls = {("roi_pool", "forward", "core", 1): core_call}
     plain.handle(dict(cmd="run", key=["roi_pool", "forward", "core", 1]))
     assert len(core_log) == 3 and rc.output_cache_stats()["idle_blocks"] == 1
