@@ -21,11 +21,11 @@ from .frameworks import F32, Unsupported, boxes_and_batch
 RUN_MIN_SECONDS = 0.1
 
 
-def timed_run(fn):
+def timed_run(fn, min_seconds=RUN_MIN_SECONDS):
     """Median seconds per call of ``fn`` (which returns its own duration), repeated for at
-    least RUN_MIN_SECONDS."""
+    least ``min_seconds``."""
     times = [fn()]
-    while sum(times) < RUN_MIN_SECONDS:
+    while sum(times) < min_seconds:
         times.append(fn())
     return statistics.median(times)
 
@@ -76,8 +76,8 @@ def core_passes(case, dy, n, rules):
     ``forward()`` -> y (roi_pool: no argmax); ``forward_saving()`` -> the tuple of forward
     outputs the backward needs (y, plus argmax for max pooling); ``backward(saved)`` -> dx.
     ``rules`` maps "roi_pool" (forward without argmax), "roi_pool/saving" (forward keeping
-    the argmax), "roi_pool/backward", "roi_align" and "psroi_pool" to the convention (name
-    or rules object) each call uses.  The roicore worker times these calls against the
+    the argmax), "roi_pool/backward", "roi_align", "psroi_pool" and "roi_pool_bilinear" to
+    the convention (name or rules object) each call uses.  The roicore worker times these calls against the
     native ops; each framework worker times them, with its adapter's conventions, next to
     the adapter (the in-process core of the adapter-overhead table).
     """
@@ -122,16 +122,33 @@ def core_passes(case, dy, n, rules):
         def bwd(saved):
             return rc.psroi_pool_backward(dy, boxes, x.shape, s, batch_indices=bi,
                                           convention=rules["psroi_pool"], n_threads=n)
+    elif op == "roi_pool_bilinear":
+        def fwd():
+            return rc.roi_pool(x, boxes, P, s, batch_indices=bi, method="bilinear",
+                               convention=rules[op], n_threads=n)
+
+        def fwd_saving():
+            return (fwd(),)
+
+        def bwd(saved):
+            return rc.roi_pool_backward(dy, boxes, x.shape, s, batch_indices=bi,
+                                        method="bilinear", convention=rules[op], n_threads=n)
     else:
         raise Unsupported(f"roicore.core has no bench passes for {op}")
     return fwd, fwd_saving, bwd
 
 
-def core_contenders(case, dy, n, rules):
-    """{(direction, "core"): timer} for :func:`core_passes`."""
+def core_contenders(case, dy, n, rules, variant=""):
+    """{(direction, "core", variant): timer} for :func:`core_passes`."""
     fwd, fwd_saving, bwd = core_passes(case, dy, n, rules)
-    return {("forward", "core"): _timer(fwd),
-            ("fwd+bwd", "core"): _timer(lambda: bwd(fwd_saving()))}
+    return {("forward", "core", variant): _timer(fwd),
+            ("fwd+bwd", "core", variant): _timer(lambda: bwd(fwd_saving()))}
+
+
+def with_convention(rules, op, convention):
+    """``rules`` with ``op``'s calls (all three of roi_pool's) under ``convention``."""
+    keys = ("roi_pool", "roi_pool/saving", "roi_pool/backward") if op == "roi_pool" else (op,)
+    return dict(rules, **dict.fromkeys(keys, convention))
 
 
 class CoreBench:
@@ -139,17 +156,29 @@ class CoreBench:
     name = "roicore"
     per_call_threads = True
     measures_memory = True
-    # roicore.core's conventions in the native-ratio table
+    # roicore.core's conventions in the native-ratio table (variant ""); other conventions
+    # are timed on request, each as the variant named after it
     RULES = {"roi_pool": "mxnet", "roi_pool/saving": "mxnet", "roi_pool/backward": "mxnet",
-             "roi_align": "mxnet", "psroi_pool": "paddle"}
+             "roi_align": "mxnet", "psroi_pool": "paddle", "roi_pool_bilinear": "tensorflow"}
 
     def __init__(self, threads):
         import roicore.core as rc
         self.version = rc.__version__
 
-    def contenders(self, case, dy, n):
-        """``(timers, errors)``: {(direction, kind): timer} and {what: error}."""
-        return core_contenders(case, dy, n, self.RULES), {}
+    def contenders(self, case, dy, n, conventions=()):
+        """``(timers, errors)``: {(direction, kind, variant): timer} and {(kind, variant):
+        error} for the contenders that could not be built.
+
+        ``conventions``: roicore.core's conventions to time besides the default, for the
+        operators that have them (see cases.CONVENTIONS)."""
+        from .cases import CONVENTIONS
+        op = case["op"]
+        timers = core_contenders(case, dy, n, self.RULES)
+        for conv in conventions:
+            if conv in CONVENTIONS[op] and conv != self.RULES[op]:
+                timers.update(core_contenders(case, dy, n, with_convention(self.RULES, op, conv),
+                                              conv))
+        return timers, {}
 
     def memory(self, case, dy, direction, n):
         """Peak memory of one untimed call beyond its inputs and outputs (bytes).
@@ -195,35 +224,40 @@ class FrameworkBench:
         self.harness = harness
         self.name, self.version = harness.name, harness.version
 
-    def contenders(self, case, dy, n):
+    def contenders(self, case, dy, n, conventions=()):
         h = self.harness
         if n != h.threads:
             raise ValueError(f"the {h.name} worker runs at {h.threads} thread(s), not {n}")
         try:
-            inputs = h.inputs(case, F32, dy)
+            inputs = h.inputs(case, case["x"].dtype.name, dy)
         except Unsupported:
             return {}, {}
         timers, errors = {}, {}
 
-        def add(kind, make):
+        def add(kind, variant, make):
             try:
                 call = make()
             except Unsupported:
                 return None
             except Exception as e:
-                errors[kind] = error_text(e)
+                errors[(kind, variant)] = error_text(e)
                 return None
-            timers[("forward", kind)] = _timer(lambda: h.forward(call))
+            timers[("forward", kind, variant)] = _timer(lambda: h.forward(call))
             if h.differentiable:
-                timers[("fwd+bwd", kind)] = _timer(lambda: h.forward_backward(call))
+                timers[("fwd+bwd", kind, variant)] = _timer(lambda: h.forward_backward(call))
             return call
 
-        add("native", lambda: h.native(case, inputs))
+        add("native", "", lambda: h.native(case, inputs))
         if h.has_adapter:
-            adapter = add("adapter", lambda: h.roicore(case, inputs, h.layouts[0]))
+            # the adapter in each layout it takes; the first is the one measured against the
+            # core and the autograd cost (the others are variants named after their layout)
+            first, *others = h.layouts
+            adapter = add("adapter", "", lambda: h.roicore(case, inputs, first))
             if adapter is not None:
+                for layout in others:
+                    add("adapter", layout, lambda: h.roicore(case, inputs, layout))
                 null = h.null(adapter, inputs)
-                timers[("fwd+bwd", "autograd")] = _timer(lambda: h.forward_backward(null))
+                timers[("fwd+bwd", "autograd", "")] = _timer(lambda: h.forward_backward(null))
                 timers.update(core_contenders(case, dy, n, h.core_rules()))
         return timers, errors
 
@@ -236,46 +270,62 @@ class BenchState:
         bench.py), so that no idle blocks sit in this worker while the others run."""
         self.source, self.threads, self.cache_per_run = source, threads, cache_per_run
         self.calls = {}
+        self.min_seconds = RUN_MIN_SECONDS
 
     def load(self, msg):
         """Build, warm up and (where the source measures it) memory-profile the contenders
         of a workload.
 
-        Contender keys are ``(op, direction, kind, threads)``.  ``thread_counts`` builds the
-        contenders once per thread count, for a source whose calls take one; others run at
-        the worker's thread count.  The memory figures come from one extra untimed call
-        made here, before any timed round, so they do not disturb the timings.
+        Contender keys are ``(op, dtype, direction, kind, variant, threads)``.
+        ``thread_counts`` builds the contenders once per thread count, for a source whose
+        calls take one; others run at the worker's thread count.  The memory figures come
+        from one extra untimed call of roicore.core's default convention, made here, before
+        any timed round, so they do not disturb the timings.
         """
         self.calls = {}
+        self.min_seconds = msg.get("min_seconds", RUN_MIN_SECONDS)
         counts = msg.get("thread_counts") or [self.threads]
         if len(counts) > 1 and not self.source.per_call_threads:
             raise ValueError(f"the {self.source.name} worker runs at one thread count")
         cases = workloads.cases(msg["workload"], msg["ops"], seed=msg.get("seed", 0),
                                 scale=msg.get("scale", 1.0))
-        errors, memory = {}, {}
-        for op, (case, dy) in cases.items():
-            for n in counts:
-                try:
-                    timers, failed = self.source.contenders(case, dy, n)
-                except Exception as e:
-                    errors[op] = error_text(e)
-                    break
-                errors.update({f"{op}/{kind}": e for kind, e in failed.items()})
-                for (direction, kind), fn in timers.items():
-                    if direction not in msg["directions"]:
-                        continue
+        errors, memory = [], {}
+
+        def fail(exc, op, dtype, **where):
+            """An error entry: where it happened (``kind`` None: all of the op) and what."""
+            errors.append(dict(dict(op=op, dtype=dtype, direction=None, kind=None, variant=""),
+                               **where, error=error_text(exc) if isinstance(exc, Exception)
+                               else exc))
+
+        for dtype in msg.get("dtypes", [F32]):
+            for op, (case, dy) in cases.items():
+                case, dy = dict(case, x=case["x"].astype(dtype)), dy.astype(dtype)
+                for n in counts:
                     try:
-                        fn()                                   # warm-up (and check it runs)
+                        timers, failed = self.source.contenders(case, dy, n,
+                                                                msg.get("conventions", ()))
                     except Exception as e:
-                        errors[f"{op}/{direction}/{kind}"] = error_text(e)
-                        continue
-                    key = (op, direction, kind, n)
-                    self.calls[key] = fn
-                    if kind == "core" and msg.get("memory", True) and self.source.measures_memory:
+                        fail(e, op, dtype)
+                        break
+                    for (kind, variant), e in failed.items():
+                        fail(e, op, dtype, kind=kind, variant=variant)
+                    for (direction, kind, variant), fn in timers.items():
+                        if direction not in msg["directions"]:
+                            continue
+                        where = dict(direction=direction, kind=kind, variant=variant)
                         try:
-                            memory[key] = self.source.memory(case, dy, direction, n)
+                            fn()                               # warm-up (and check it runs)
                         except Exception as e:
-                            errors[f"{op}/{direction}/{kind}/memory"] = error_text(e)
+                            fail(e, op, dtype, **where)
+                            continue
+                        key = (op, dtype, direction, kind, variant, n)
+                        self.calls[key] = fn
+                        if (kind == "core" and not variant and msg.get("memory", True)
+                                and self.source.measures_memory):
+                            try:
+                                memory[key] = self.source.memory(case, dy, direction, n)
+                            except Exception as e:
+                                fail(e, op, dtype, what="memory", **where)
         return dict(contenders=sorted(self.calls), errors=errors, memory=memory)
 
     def handle(self, msg):
@@ -284,12 +334,12 @@ class BenchState:
         if msg["cmd"] == "run":
             key = tuple(msg["key"])
             fn = self.calls[key]
-            if not (self.cache_per_run and key[2] in ("adapter", "core")):
-                return dict(seconds=timed_run(fn))
+            if not (self.cache_per_run and key[3] in ("adapter", "core")):
+                return dict(seconds=timed_run(fn, self.min_seconds))
             from roicore.core import release_output_cache
             try:
                 fn()  # untimed: its outputs return to the cache for the timed calls
-                return dict(seconds=timed_run(fn))
+                return dict(seconds=timed_run(fn, self.min_seconds))
             finally:
                 release_output_cache()
         if msg["cmd"] == "unload":

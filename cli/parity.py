@@ -10,7 +10,8 @@ import numpy as np
 from . import cases as K
 from ._proc import Worker, WorkerDied
 from .frameworks import NAMES, harness_class
-from ._report import FRAMEWORK_ALIASES, environment, fmt_diff, log, parse_list, table, write_json
+from ._report import (FRAMEWORK_ALIASES, UsageError, environment, fmt_diff, log, parse_list,
+                      table, write_json)
 
 # the frameworks whose native operators roicore claims to reproduce bit for bit
 FRAMEWORKS = tuple(n for n in NAMES if harness_class(n).parity_claims)
@@ -304,11 +305,11 @@ def run(args):
         try:
             cases, inputs = K.load_inputs(args.inputs, ops)
         except (OSError, ValueError) as e:
-            raise SystemExit(f"roicore parity: {e}")
+            raise UsageError(f"--inputs: {e}") from None
         dtypes = [inputs["dtype"]]
     else:
         if args.cases < 0:
-            raise SystemExit("roicore parity: --cases must be >= 0")
+            raise UsageError(f"--cases must be >= 0, got {args.cases}")
         cases = K.suite(ops, args.cases, args.seed)
     log(f"parity: {len(cases)} cases x {len(dtypes)} dtype(s); frameworks {', '.join(frameworks)} "
         "(one worker process each)")

@@ -16,7 +16,8 @@ class Harness(Base):
     parity_claims = {"roi_pool": (F32,), "roi_pool_bilinear": (F32,)}
     differentiable = False
     has_adapter = False
-    native_text = "CPU plugin ROIPooling / ROIAlign-9 / PSROIPooling, INFERENCE_PRECISION_HINT f32"
+    native_text = ("CPU plugin ROIPooling (max and bilinear) / ROIAlign-9 / PSROIPooling, "
+                   "INFERENCE_PRECISION_HINT f32")
     parity_text = "OpenVINO CPU ROIPooling (f32 hint) vs roicore.core convention 'openvino_cpu'"
 
     def __init__(self, threads=None):

@@ -21,7 +21,8 @@ class Harness(Base):
     name = "tensorflow"
     parity_claims = {"roi_pool_bilinear": (F32,)}
     layouts = ("NCHW", "NHWC")
-    native_text = "roi_pool approximation: crop_and_resize to 2P x 2P + 2x2 max-pool (NHWC)"
+    native_text = ("roi_pool_bilinear: crop_and_resize; roi_pool: its usual approximation, "
+                   "crop_and_resize to 2P x 2P + 2x2 max-pool (both NHWC)")
     parity_text = "tf.image.crop_and_resize vs roicore.adapters.tf roi_pool(method='bilinear')"
 
     def __init__(self, threads=None):
@@ -40,7 +41,7 @@ class Harness(Base):
         tf = self.tf
         x = case["x"].astype(dtype)
         # the tensors of each layout are made when a call first needs them
-        return dict(x=x, dy=dy, tensors={},
+        return dict(x=x, dy=dy, dtype=dtype, tensors={},
                     boxes=tf.constant(case["rois"][:, [2, 1, 4, 3]].astype(np.float32)),
                     box_indices=tf.constant(case["rois"][:, 0].astype(np.int32)))
 
@@ -60,6 +61,8 @@ class Harness(Base):
     def native(self, case, inputs):
         tf, op, size = self.tf, case["op"], list(case["output_size"])
         boxes, bi = inputs["boxes"], inputs["box_indices"]
+        if inputs["dtype"] != F32:
+            raise Unsupported(f"crop_and_resize computes in float32 only, not {inputs['dtype']}")
         if op == "roi_pool_bilinear":
             return self._call(lambda x: tf.image.crop_and_resize(x, boxes, bi, size,
                                                                  extrapolation_value=0.0),
