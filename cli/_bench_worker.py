@@ -298,8 +298,12 @@ class BenchState:
                                else exc))
 
         for dtype in msg.get("dtypes", [F32]):
+            x = cases[next(iter(cases))][0]["x"].astype(dtype, copy=False)
+            gradients = {}    # one per shape, as workloads.cases gives them
             for op, (case, dy) in cases.items():
-                case, dy = dict(case, x=case["x"].astype(dtype)), dy.astype(dtype)
+                if id(dy) not in gradients:
+                    gradients[id(dy)] = dy.astype(dtype, copy=False)
+                case, dy = dict(case, x=x), gradients[id(dy)]
                 for n in counts:
                     try:
                         timers, failed = self.source.contenders(case, dy, n,

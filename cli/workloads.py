@@ -53,18 +53,20 @@ ALIGN_ARGS = dict(sampling_ratio=2, aligned=True)
 def cases(name, ops, seed=0, scale=1.0):
     """``{op: (case, dy)}``: workload ``name`` as a case of each operator in ``ops`` (one
     feature map and one set of boxes for all; bilinear pooling gets the boxes normalised as
-    it takes them), and an upstream gradient of the output's shape.
+    it takes them), and an upstream gradient of the output's shape (one array for all the
+    operators whose outputs have the same shape).
     """
     from .cases import normalised
     x, boxes, batch, P, s, _ = make(name, seed=seed, scale=scale)
     rois = np.hstack([batch[:, None], boxes]).astype(np.float64)
-    out = {}
+    out, gradients = {}, {}
     for op in ops:
         case = dict(name=name, group="workload", op=op, x=x, rois=rois, output_size=(P, P),
                     spatial_scale=s, seed=seed, **ALIGN_ARGS)
         if op == "roi_pool_bilinear":
             case.update(rois=normalised(rois, s, *x.shape[2:]), spatial_scale=1.0)
-        C = x.shape[1] // (P * P) if op == "psroi_pool" else x.shape[1]
-        dy = np.random.default_rng(1).standard_normal((len(rois), C, P, P)).astype(np.float32)
-        out[op] = (case, dy)
+        shape = (len(rois), x.shape[1] // (P * P) if op == "psroi_pool" else x.shape[1], P, P)
+        if shape not in gradients:
+            gradients[shape] = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+        out[op] = (case, gradients[shape])
     return out

@@ -88,6 +88,8 @@ def test_workload_cases_share_one_map_and_normalise_bilinear_boxes():
         assert case["output_size"] == (P, P) and (case["sampling_ratio"], case["aligned"]) == (2, True)
         assert dy.shape == (len(boxes), x.shape[1], P, P) and dy.dtype == np.float32
         assert case["rois"][:, 0].tolist() == batch.tolist()
+    # outputs of one shape share one upstream gradient
+    assert got["roi_pool"][1] is got["roi_align"][1] is got["roi_pool_bilinear"][1]
     pix, bil = got["roi_pool"][0], got["roi_pool_bilinear"][0]
     np.testing.assert_array_equal(pix["rois"][:, 1:], boxes)
     assert pix["spatial_scale"] == s and bil["spatial_scale"] == 1.0
