@@ -124,3 +124,20 @@ def test_plot_without_matplotlib_names_the_extra_and_exits_2(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert "matplotlib" in proc.stderr and "pip install 'roicore[plot]'" in proc.stderr
     assert not png.exists() and not proc.stdout   # refused before the run
+
+
+def test_importing_the_cli_and_its_harnesses_loads_no_framework():
+    code = """if 1:
+        import sys
+        import roicore.cli
+        assert "numpy" not in sys.modules, "roicore.cli imported NumPy"
+        from roicore.cli import frameworks
+        for name in frameworks.NAMES:
+            frameworks.harness_class(name)       # the module, not the framework
+        import roicore.cli.bench, roicore.cli.parity
+        loaded = {"paddle", "mxnet", "tensorflow", "openvino", "onnxruntime", "onnx", "torch",
+                  "keras", "matplotlib"} & set(sys.modules)
+        assert not loaded, loaded
+    """
+    proc = roicore(python=("-c", code))
+    assert proc.returncode == 0, proc.stderr
