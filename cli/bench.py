@@ -32,7 +32,7 @@ DIRECTIONS = ("forward", "fwd+bwd")
 DTYPES = ("float32", "float64")
 REPEATS = 5
 # --quick: a smoke run of every contender, not a measurement
-QUICK = dict(scale=0.03, repeats=3, min_seconds=0.01)
+QUICK = dict(scale=0.03, repeats=3, min_seconds=0.005)
 # the convention of each operator's roicore.core row in the native-ratio table
 DEFAULT_CONVENTION = {op: CoreBench.RULES[op] for op in OPS}
 # what the report's rows are judged and compared by: where they ran and what they timed
@@ -217,11 +217,10 @@ def _measure(workers, fw_info, p):
                 except WorkerDied as e:
                     died(n, e)
             log(f"{wl}: round {r + 1}/{p.repeats} ({time.monotonic() - t0:.1f} s)")
-        for n in list(workers):
-            try:
-                peak = workers[n].request(dict(cmd="unload"))
-            except WorkerDied as e:
-                died(n, e)
+        unloaded = _parallel(lambda n: workers[n].request(dict(cmd="unload")), list(workers))
+        for n, peak in unloaded.items():
+            if isinstance(peak, Exception):
+                died(n, peak)
                 continue
             fw_info[n]["peak_rss_mb"] = round(max(fw_info[n].get("peak_rss_mb", 0),
                                                   peak.get("peak_rss_mb", 0)), 1)
@@ -402,9 +401,8 @@ def measure(p, env):
         raise RuntimeError(f"the roicore worker failed: {fw_info['roicore']['reason']}")
     try:
         rows, errors = _measure(workers, fw_info, p)
-    finally:
-        for w in workers.values():
-            w.close()
+    finally:   # each waits for its process to exit: together, not one after the other
+        _parallel(lambda n: workers[n].close(), list(workers))
     report = dict(command="bench", mode="sweep" if p.sweep else "compare", environment=env,
                   threads=p.threads, thread_counts=p.thread_counts, repeats=p.repeats,
                   scale=p.scale, quick=p.quick, min_run_seconds=p.min_seconds,

@@ -37,11 +37,12 @@ def quick(tmp_path_factory):
 
 
 def test_bench_quick_times_every_contender(quick):
+    from roicore.cli import bench
     proc, report, _, _ = quick
     ran, _ = check_skips({k: v for k, v in report["frameworks"].items() if k != "roicore"})
     assert report["frameworks"]["roicore"]["status"] == "ran"
     assert report["mode"] == "compare" and report["quick"] and report["scale"] == 0.03
-    assert report["repeats"] == 2 and report["min_run_seconds"] == 0.01
+    assert report["repeats"] == 2 and report["min_run_seconds"] == bench.QUICK["min_seconds"]
     assert report["threads"] >= 1 and report["environment"]["cpu"]
     got = {(r["workload"], r["operator"], r["direction"], r["framework"], r["kind"],
             r["variant"]) for r in report["results"]}
