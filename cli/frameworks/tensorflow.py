@@ -28,10 +28,10 @@ class Harness(Base):
     def __init__(self, threads=None):
         super().__init__(threads)
         import tensorflow as tf
-        if threads:
+        if threads:    # the bench: every contender at the same thread count
             tf.config.threading.set_intra_op_parallelism_threads(threads)
             tf.config.threading.set_inter_op_parallelism_threads(1)
-        else:
+        else:          # parity: TF's own thread count, and only deterministic kernels
             tf.config.experimental.enable_op_determinism()
         from roicore.adapters import tf as adapter
         self.tf, self.adapter = tf, adapter
