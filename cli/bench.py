@@ -49,6 +49,7 @@ def row_key(r):
 # ----------------------------------------------------------------------------- arguments
 def _threads(text, cpus):
     """``--threads``: None (the CPUs available), N, or a list of counts."""
+    from roicore.core._threads import MAX_THREADS
     if text is None:
         return [cpus]
     try:
@@ -57,6 +58,8 @@ def _threads(text, cpus):
         raise UsageError(f"--threads takes a count or a comma-separated list, got {text!r}")
     if not counts or counts[0] < 1:
         raise UsageError(f"--threads must be >= 1, got {text!r}")
+    if counts[-1] > MAX_THREADS:
+        raise UsageError(f"--threads must be at most {MAX_THREADS}, got {text!r}")
     return counts
 
 
@@ -398,7 +401,7 @@ def measure(p, env):
     workers = {n: started[n] for n in all_names if n in started}
     fw_info = {n: fw_info[n] for n in all_names}
     if "roicore" not in workers:
-        raise RuntimeError(f"the roicore worker failed: {fw_info['roicore']['reason']}")
+        raise WorkerDied(f"the roicore worker failed: {fw_info['roicore']['reason']}")
     try:
         rows, errors = _measure(workers, fw_info, p)
     finally:   # each waits for its process to exit: together, not one after the other
@@ -437,7 +440,7 @@ def run(args):
         _plot.require()
     try:
         report = measure(p, env)
-    except RuntimeError as e:
+    except WorkerDied as e:   # the roicore worker's: nothing to report
         log(str(e))
         return 1
     report["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -40,6 +40,7 @@ BAD_BENCH = [
     (["--repeats", "0"], "--repeats must be >= 1"),
     (["--threads", "0"], "--threads must be >= 1"),
     (["--threads", "two"], "--threads takes a count"),
+    (["--threads", "1,100000"], "--threads must be at most 1024"),
     (["--scale", "2"], "--scale must be in (0, 1]"),
     (["--frameworks", "torch"], "unknown framework 'torch'"),
     (["--ops", "roi_warp"], "unknown operator 'roi_warp'"),
