@@ -69,7 +69,7 @@ def figure(report):
                 ax.barh(y, abs(v - 1), height * 0.9, left=min(v, 1.0),
                         color=colors[fi % len(colors)])
                 faster = v >= 1
-                ax.text(v * (1.06 if faster else 1 / 1.06), y, f"{v:.2g}x", va="center",
+                ax.text(v * (1.06 if faster else 1 / 1.06), y, f"{v:.3g}x", va="center",
                         ha="left" if faster else "right", fontsize=8)
         for gi in range(len(groups) - 1):
             ax.axhline(gi + 0.5, color="0.85", lw=0.6)
