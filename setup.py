@@ -151,7 +151,7 @@ def extensions():
 
 setup(
     package_dir={"roicore.core": "core", "roicore.adapters": "adapters", "roicore.cli": "cli"},
-    packages=["roicore.core", "roicore.adapters", "roicore.cli"],
+    packages=["roicore.core", "roicore.adapters", "roicore.cli", "roicore.cli.frameworks"],
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExt},
 )

@@ -9,8 +9,12 @@ frameworks disagree among themselves.
 
 ``roicore bench`` times roicore against the native operators on standard detection
 workloads, interleaved, with the same thread count for every contender, and reports
-roicore.core's peak memory beyond its inputs and outputs.  ``roicore bench --scaling``
-times roicore.core alone at 1 and N threads (speedup, ns per output element, memory).
+roicore.core's peak memory beyond its inputs and outputs.  ``roicore bench --threads
+1,2,4`` times roicore.core alone at each thread count (speedup, ns per output element,
+memory).  Reports can be saved as JSON, Markdown and CSV, and compared with a saved
+baseline (``--compare``).
+
+Exit status, both commands: 0 ok, 1 a departure or a regression, 2 bad usage.
 
 Importing this package imports no framework (nor NumPy).
 """
@@ -23,15 +27,44 @@ __all__ = ["main"]
 
 PARITY_EPILOG = """\
 exit status: 0 when every adapter is bit-identical to its native op (and the golden values
-hold), 1 when one departs or a framework's worker fails, 2 on bad arguments.
-Frameworks that are not installed are skipped and named with their import error.
+hold), 1 when one departs or a framework's worker fails, 2 on bad usage (bad arguments or
+an unreadable --inputs file).  Frameworks that are not installed are skipped and named
+with their import error.
 
-""" 
+"""
+
+BENCH_EPILOG = """\
+ratio = native time / roicore.core time (> 1: roicore is faster); adapter overhead =
+adapter time / roicore.core time, both timed in the adapter's worker process, interleaved;
+extra MB = roicore.core's tracemalloc peak during one untimed call minus its outputs.
+Times are the median over rounds, with the fastest and slowest round in brackets.
+
+--compare BASELINE.json reads a report saved with --json and judges roicore's own rows
+(roicore.core and the adapters) found in both runs: a row has regressed when even its
+fastest round now is slower than the baseline's slowest round by more than --threshold.
+Both runs' round-to-round noise is thereby allowed for; run both with --repeats 5 or
+more, on the same machine and thread count.
+
+exit status: 0 when the run completed (and, with --compare, nothing regressed); 1 when a
+worker or one of roicore's own contenders failed, or --compare found a regression; 2 on
+bad usage (bad arguments, an unusable baseline, --plot without matplotlib).  Frameworks
+that are not installed are skipped and named with their import error; a native operator
+that cannot run on a workload is reported and skipped.
+"""
+
+
+def _version():
+    from importlib import metadata
+    try:
+        return metadata.version("roicore")
+    except metadata.PackageNotFoundError:   # run from a source tree that was never installed
+        return "unknown"
 
 
 def _parser():
     from .cases import INPUT_KEYS, OPS
     p = argparse.ArgumentParser(prog="roicore", description=__doc__.split("\n\n")[0])
+    p.add_argument("--version", action="version", version=f"roicore {_version()}")
     sub = p.add_subparsers(dest="command", metavar="{parity,bench}")
     sub.required = True
 
@@ -56,47 +89,75 @@ def _parser():
     pp.add_argument("--no-conventions", action="store_true",
                     help="skip the table comparing roicore's conventions with one another")
 
+    from .bench import DIRECTIONS, DTYPES, FRAMEWORKS, OPS as BENCH_OPS, QUICK, REPEATS
+    from .workloads import WORKLOADS
     pb = sub.add_parser(
         "bench", help="time roicore against the native RoI operators",
         description="Time roicore.core, roicore's adapters and every available native operator on "
                     "the standard workloads, interleaved in rounds (each contender once per round), "
                     "median of --repeats rounds, the same thread count for every contender.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="ratio = native time / roicore.core time (> 1: roicore is faster); "
-               "adapter overhead = adapter time / roicore.core time, both timed in the adapter's "
-               "worker process, interleaved; extra MB = roicore.core's "
-               "tracemalloc peak during one untimed call minus its outputs.")
+        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=BENCH_EPILOG)
     pb.add_argument("--workloads", metavar="LIST",
-                    help="comma-separated: fastrcnn_vgg16,train_b2,rfcn_psroi,c4_14x14 (default: all)")
+                    help=f"comma-separated: {','.join(WORKLOADS)} (default: all)")
     pb.add_argument("--ops", metavar="LIST",
-                    help="comma-separated: roi_pool,roi_align,psroi_pool (default: all that fit "
+                    help=f"comma-separated: {','.join(BENCH_OPS)} (default: all that fit "
                          "each workload)")
     pb.add_argument("--frameworks", metavar="LIST",
-                    help="comma-separated: paddle,mxnet,tensorflow,openvino,onnxruntime (default: all)")
-    pb.add_argument("--directions", metavar="LIST", default="forward,fwd+bwd",
+                    help=f"comma-separated: {','.join(FRAMEWORKS)} (default: all)")
+    pb.add_argument("--directions", metavar="LIST", default=",".join(DIRECTIONS),
                     help="forward,fwd+bwd (default: both)")
-    pb.add_argument("--repeats", type=int, default=5, metavar="N",
-                    help="rounds; the median is reported (default: 5)")
-    pb.add_argument("--threads", type=int, default=None, metavar="N",
-                    help="threads for every contender (default: the CPUs available)")
-    pb.add_argument("--scale", type=float, default=1.0, metavar="F",
-                    help="multiply the workloads' boxes and channels by F (0 < F <= 1)")
+    pb.add_argument("--dtypes", metavar="LIST", default=DTYPES[0],
+                    help=f"comma-separated: {','.join(DTYPES)} (default: {DTYPES[0]}); each "
+                         "contender runs in those of them it supports")
+    pb.add_argument("--conventions", metavar="all|LIST",
+                    help="also time roicore.core under each of these conventions of each "
+                         "operator ('all': every one), in a table of its own")
+    pb.add_argument("--repeats", type=int, default=None, metavar="N",
+                    help=f"rounds; the median is reported (default: {REPEATS}; --quick: "
+                         f"{QUICK['repeats']})")
+    pb.add_argument("--threads", metavar="N|LIST",
+                    help="threads for every contender (default: the CPUs available); a list "
+                         "such as 1,2,4,8,16 times roicore.core alone at each count (a thread "
+                         "sweep: speedup, ns per output element, memory; no framework needed)")
+    pb.add_argument("--scale", type=float, default=None, metavar="F",
+                    help="multiply the workloads' boxes and channels by F (0 < F <= 1; "
+                         "default: 1)")
     pb.add_argument("--quick", action="store_true",
-                    help="tiny workloads (--scale 0.03, forward and fwd+bwd) for CI smoke runs")
+                    help=f"a smoke run of every contender: workloads scaled by {QUICK['scale']:g}, "
+                         f"{QUICK['repeats']} rounds, each contender's run at least "
+                         f"{QUICK['min_seconds']:g} s")
     pb.add_argument("--seed", type=int, default=0, help="workload seed (default: 0)")
-    pb.add_argument("--json", metavar="FILE", help="also write a machine-readable report ('-': stdout)")
-    pb.add_argument("--plot", metavar="FILE.png", help="draw the ratios (needs matplotlib)")
     pb.add_argument("--scaling", action="store_true",
                     help="time roicore.core alone at 1 thread and at --threads N (default: the "
-                         "CPUs available), interleaved; print speedup, ns per output element and "
-                         "peak memory beyond inputs and outputs (no framework needed)")
-    return p
+                         "CPUs available): the thread sweep 1,N")
+    pb.add_argument("--json", metavar="FILE", help="also write a machine-readable report ('-': stdout)")
+    pb.add_argument("--markdown", metavar="FILE",
+                    help="also write the report as Markdown, stamped with the date, machine, "
+                         "versions and this command")
+    pb.add_argument("--csv", metavar="FILE", help="also write one CSV line per timed contender")
+    pb.add_argument("--plot", metavar="FILE.png",
+                    help="draw the ratios to roicore.core (needs matplotlib: roicore[plot])")
+    pb.add_argument("--compare", metavar="BASELINE.json",
+                    help="compare roicore's rows with a report saved by --json; exit 1 on a "
+                         "regression")
+    pb.add_argument("--threshold", metavar="PCT",
+                    help="how much slower a row must be to count as a regression (default: 10%%)")
+    return p, {"parity": pp, "bench": pb}
 
 
 def main(argv=None):
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.command == "parity":
-        from . import parity
-        return parity.run(args)
-    from . import bench
-    return bench.run(args)
+    """Run ``roicore ARGS``; returns the exit status (0 ok, 1 departure or regression, 2 bad
+    usage)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser, commands = _parser()
+    args = parser.parse_args(argv)   # exits 2 on a bad argument
+    args.argv = argv
+    from ._report import UsageError
+    try:
+        if args.command == "parity":
+            from . import parity
+            return parity.run(args)
+        from . import bench
+        return bench.run(args)
+    except UsageError as e:
+        commands[args.command].error(str(e))   # usage, the message, exit status 2

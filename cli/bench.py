@@ -1,31 +1,115 @@
-"""``roicore bench``: roicore against the native RoI operators, interleaved rounds."""
+"""``roicore bench``: roicore against the native RoI operators, interleaved rounds.
+
+Two modes.  By default every contender (roicore.core in a worker of its own; each
+framework's native operators, roicore's adapter for it and roicore.core beside the adapter,
+in one worker per framework) runs at the same thread count.  With several thread counts
+(``--threads 1,2,4``, or ``--scaling``) roicore.core runs alone at each of them: a sweep.
+
+This module runs the workers and turns their timings into a report (a dict, also the JSON
+file); ``_bench_report`` prints it, ``_compare`` judges it against a baseline and
+``_plot`` draws it.
+"""
 from __future__ import annotations
 
-import os
+import datetime
 import random
+import shlex
 import statistics
-import textwrap
 import threading
 import time
+from types import SimpleNamespace
 
+from . import _bench_report, _compare
 from . import workloads as WL
+from ._bench_worker import RUN_MIN_SECONDS, CoreBench
 from ._proc import Worker, WorkerDied
-from ._worker import RUN_MIN_SECONDS
-from ._report import FRAMEWORK_ALIASES, environment, log, parse_list, table, write_json
+from ._report import (FRAMEWORK_ALIASES, UsageError, environment, log, parse_list, render_text,
+                      write_json)
 
 FRAMEWORKS = ("paddle", "mxnet", "openvino", "onnxruntime", "tensorflow")
-OPS = ("roi_pool", "roi_align", "psroi_pool")
+OPS = ("roi_pool", "roi_align", "psroi_pool", "roi_pool_bilinear")
 DIRECTIONS = ("forward", "fwd+bwd")
-NATIVE = {
-    "paddle": "paddle.vision.ops roi_pool / roi_align / psroi_pool",
-    "mxnet": "mx.nd ROIPooling / contrib.ROIAlign / contrib.PSROIPooling",
-    "openvino": "CPU plugin ROIPooling / ROIAlign-9 / PSROIPooling, INFERENCE_PRECISION_HINT f32",
-    "onnxruntime": "CPUExecutionProvider MaxRoiPool / RoiAlign (opset 16)",
-    "tensorflow": "roi_pool approximation: crop_and_resize to 2P x 2P + 2x2 max-pool (NHWC)",
-}
-QUICK_SCALE = 0.03
+DTYPES = ("float32", "float64")
+REPEATS = 5
+# --quick: a smoke run of every contender, not a measurement
+QUICK = dict(scale=0.03, repeats=3, min_seconds=0.005)
+# the convention of each operator's roicore.core row in the native-ratio table
+DEFAULT_CONVENTION = {op: CoreBench.RULES[op] for op in OPS}
+# what the report's rows are judged and compared by: where they ran and what they timed
+ROW_KEY = ("workload", "operator", "dtype", "direction", "framework", "kind", "variant",
+           "threads")
 
 
+def row_key(r):
+    """A timing row's identity (rows written before dtype and variant existed read as
+    float32 and the default variant)."""
+    return tuple(r.get(k, {"dtype": "float32", "variant": ""}.get(k)) for k in ROW_KEY)
+
+
+# ----------------------------------------------------------------------------- arguments
+def _threads(text, cpus):
+    """``--threads``: None (the CPUs available), N, or a list of counts."""
+    from roicore.core._threads import MAX_THREADS
+    if text is None:
+        return [cpus]
+    try:
+        counts = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise UsageError(f"--threads takes a count or a comma-separated list, got {text!r}")
+    if not counts or counts[0] < 1:
+        raise UsageError(f"--threads must be >= 1, got {text!r}")
+    if counts[-1] > MAX_THREADS:
+        raise UsageError(f"--threads must be at most {MAX_THREADS}, got {text!r}")
+    return counts
+
+
+def plan(args, cpus):
+    """The run ``args`` ask for, checked; UsageError on bad arguments."""
+    p = SimpleNamespace(
+        workloads=parse_list(args.workloads, tuple(WL.WORKLOADS), "workload"),
+        ops=parse_list(args.ops, OPS, "operator", {"bilinear": "roi_pool_bilinear"}),
+        directions=parse_list(args.directions, DIRECTIONS, "direction", {"backward": "fwd+bwd"}),
+        dtypes=parse_list(args.dtypes, DTYPES, "dtype", {"f32": "float32", "f64": "float64"}),
+        seed=args.seed, quick=args.quick, min_seconds=RUN_MIN_SECONDS)
+    p.conventions = []
+    if args.conventions is not None:
+        from .cases import CONVENTIONS
+        known = tuple(dict.fromkeys(c for op in OPS for c in CONVENTIONS[op]))
+        p.conventions = (list(known) if args.conventions.strip().lower() == "all"
+                         else parse_list(args.conventions, known, "convention"))
+    p.scale = args.scale if args.scale is not None else QUICK["scale"] if args.quick else 1.0
+    if not 0 < p.scale <= 1:
+        raise UsageError(f"--scale must be in (0, 1], got {p.scale:g}")
+    p.repeats = args.repeats if args.repeats is not None else (
+        QUICK["repeats"] if args.quick else REPEATS)
+    if p.repeats < 1:
+        raise UsageError(f"--repeats must be >= 1, got {p.repeats}")
+    if args.quick:
+        p.min_seconds = QUICK["min_seconds"]
+    counts = _threads(args.threads, cpus)
+    if args.scaling and len(counts) == 1:
+        if counts[0] < 2:
+            raise UsageError(f"--scaling compares 1 thread with N >= 2 threads; "
+                             f"{'--threads is' if args.threads else 'this process may use'} "
+                             f"{counts[0]} (pass --threads 2 or more)")
+        counts = [1, counts[0]]
+    p.sweep = len(counts) > 1
+    p.thread_counts, p.threads = counts, counts[-1]
+    if p.sweep:
+        for flag, value in (("--frameworks", args.frameworks), ("--plot", args.plot)):
+            if value is not None:
+                raise UsageError(f"a thread sweep times roicore.core alone, against no native "
+                                 f"operator; drop {flag}")
+        p.frameworks = []
+    else:
+        p.frameworks = parse_list(args.frameworks, FRAMEWORKS, "framework", FRAMEWORK_ALIASES)
+    if args.threshold is not None and args.compare is None:
+        raise UsageError("--threshold applies to --compare")
+    p.threshold = _compare.parse_threshold(args.threshold)
+    return p
+
+
+# ----------------------------------------------------------------------------- workers
 def _parallel(fn, items):
     out, threads = {}, []
     for it in items:
@@ -42,150 +126,13 @@ def _parallel(fn, items):
     return out
 
 
-def _ms(s):
-    return s * 1e3
-
-
-def _fmt_ms(ms):
-    return f"{ms:.3g}" if ms < 100 else f"{ms:.0f}"
-
-
-def _mb(nbytes):
-    return nbytes / 2**20
-
-
-def _memory_fields(mem):
-    """Row fields for a roicore.core memory measurement (bytes from the worker)."""
-    return dict(extra_mb=_mb(mem["extra"]), memory_bytes=dict(mem))
-
-
-def _measure(workers, fw_info, names, ops, directions, scale, args, thread_counts=None):
-    """Load each workload in every worker, time the contenders in interleaved rounds.
-
-    Returns (rows, errors); a worker that dies is closed, removed from ``workers`` and
-    marked failed in ``fw_info``.  ``thread_counts`` (roicore only): time roicore.core at
-    each of these thread counts, interleaved.
-    """
-    rows, errors = [], []
-
-    def died(n, exc):
-        """A worker that dies (crash, out-of-memory kill) is reported; the others go on."""
-        w = workers.pop(n, None)
-        if w is not None:
-            w.close()
-        why = str(exc)
-        if "exit code -9" in why:
-            why += " (SIGKILL: out of memory?)"
-        fw_info[n].update(status="failed", reason=why)
-        log(f"{n}: worker died: {why.splitlines()[0]}")
-
-    for wl in names:
-        wl_ops = [op for op in WL.OPS_FOR[WL.shape(wl)[6]] if op in ops]
-        if not wl_ops or "roicore" not in workers:
-            continue
-        log(f"{wl} ({WL.describe(wl, scale)}): loading, warming up and measuring memory of "
-            f"{', '.join(wl_ops)}")
-        msg = dict(cmd="load", workload=wl, ops=wl_ops, directions=directions, scale=scale,
-                   seed=args.seed)
-        if thread_counts:
-            msg["thread_counts"] = list(thread_counts)
-        loaded = _parallel(lambda n: workers[n].request(msg), list(workers))
-        keys, memory = [], {}
-        # in the workers' order (roicore first), not the order they finished loading, so the
-        # tables' rows come in the roicore worker's order on every run
-        for n in [n for n in workers if n in loaded]:
-            res = loaded[n]
-            if isinstance(res, Exception):
-                died(n, res)
-                continue
-            if "error" in res:
-                errors.append(dict(framework=n, workload=wl, error=res["error"]))
-                continue
-            for what, err in res["errors"].items():
-                errors.append(dict(framework=n, workload=wl, what=what, error=err))
-            keys += [(n, tuple(k)) for k in res["contenders"]]
-            memory.update({(n, tuple(k)): m for k, m in res.get("memory", {}).items()})
-        times = {k: [] for k in keys}
-        for r in range(args.repeats):
-            t0 = time.monotonic()
-            # each contender once per round, in a shuffled (seeded) order: a rotation kept
-            # each adapter right after its native op, and on these VMs the first large
-            # allocation after a native op frees gigabytes is the slow one (README)
-            order = random.Random(f"{args.seed}/{wl}/{r}").sample(keys, len(keys))
-            for n, key in order:
-                if n not in workers:
-                    continue
-                try:
-                    times[(n, key)].append(workers[n].request(dict(cmd="run", key=key))["seconds"])
-                except WorkerDied as e:
-                    died(n, e)
-            log(f"{wl}: round {r + 1}/{args.repeats} ({time.monotonic() - t0:.1f} s)")
-        for n in list(workers):
-            try:
-                peak = workers[n].request(dict(cmd="unload"))
-            except WorkerDied as e:
-                died(n, e)
-                continue
-            fw_info[n]["peak_rss_mb"] = round(max(fw_info[n].get("peak_rss_mb", 0),
-                                                  peak.get("peak_rss_mb", 0)), 1)
-        for (n, (op, direction, kind, threads)), ts in times.items():
-            if not ts:
-                continue
-            row = dict(workload=wl, operator=op, direction=direction, framework=n, kind=kind,
-                       threads=threads, median_ms=_ms(statistics.median(ts)),
-                       times_ms=[_ms(t) for t in ts])
-            mem = memory.get((n, (op, direction, kind, threads)))
-            if mem:
-                row.update(_memory_fields(mem))
-            rows.append(row)
-    return rows, errors
-
-
-def add_ratios(rows):
-    """``ratio`` on native rows: native / roicore.core, the core timed in the roicore
-    worker.  ``overhead`` on adapter rows: adapter / roicore.core timed in the adapter's own
-    worker (same process, same rounds; its median also goes in as ``core_ms``), so that
-    the two processes' different memory states do not enter the ratio.  It is the median
-    over rounds of each round's adapter / core, the two calls timed next to each other: on
-    these VMs a worker's rounds drift between fast and slow phases (c4_14x14's core calls
-    took 100-132 ms in one run), which a ratio of the two medians takes from different
-    rounds.  ``net_overhead`` likewise pairs each round's (adapter - autograd) / core."""
-    def by_kind(kind):
-        return {(r["framework"], r["workload"], r["operator"], r["direction"]): r
-                for r in rows if r["kind"] == kind}
-    core, autograd = by_kind("core"), by_kind("autograd")
-    for r in rows:
-        key = (r["workload"], r["operator"], r["direction"])
-        if r["kind"] == "native" and ("roicore",) + key in core:
-            r["ratio"] = r["median_ms"] / core[("roicore",) + key]["median_ms"]  # > 1: roicore faster
-        elif r["kind"] == "adapter" and (r["framework"],) + key in core:
-            c = core[(r["framework"],) + key]
-            r["core_ms"] = c["median_ms"]
-            r["overhead"] = _paired(lambda a, c: a / c, r, c)
-            if (r["framework"],) + key in autograd:
-                # the framework's own autograd cost for these shapes (see _worker.BenchRunner)
-                g = autograd[(r["framework"],) + key]
-                r["autograd_ms"] = g["median_ms"]
-                r["net_overhead"] = _paired(lambda a, c, g: (a - g) / c, r, c, g)
-
-
-def _paired(f, *rows):
-    """The median over rounds of f of the rows' times in that round (rows of one worker,
-    timed in the same rounds); f of their medians should their round counts differ."""
-    times = [r["times_ms"] for r in rows]
-    if len({len(t) for t in times}) != 1:
-        return f(*(r["median_ms"] for r in rows))
-    return statistics.median(f(*ts) for ts in zip(*times))
-
-
 # roicore.core's output cache in the framework workers (which time the adapters against the
 # core in-process): each adapter or core run there starts with an untimed call, whose
 # outputs the timed calls then reuse, and ends by releasing the idle blocks.  Kept between
-# runs, up to 2 GiB of idle blocks in each of four workers, beside the frameworks' own
-# pools, ran the 24 GB machines out of memory at c4_14x14; a fixed 512 MB cap instead
-# left c4_14x14's 803 MB outputs fresh in every call, timing page faults (0.3-1.9 s per
-# call, whatever the host had done with the memory meanwhile) rather than the adapters.
-# The roicore worker keeps its cache throughout.
+# runs, idle blocks in each of several workers, beside the frameworks' own pools, can run a
+# machine out of memory on the largest workloads; a fixed cap instead leaves large outputs
+# fresh in every call, timing page faults rather than the adapters.  The roicore worker
+# keeps its cache throughout.
 def _start_workers(all_names, threads, fw_info):
     workers = {}
 
@@ -206,72 +153,155 @@ def _start_workers(all_names, threads, fw_info):
             fw_info[name] = dict(status="skipped" if "skipped" in init else "failed",
                                  reason=init.get("skipped") or init.get("error"))
             log(f"{name}: {fw_info[name]['status']} ({fw_info[name]['reason']})")
-    if "roicore" not in workers:
-        raise SystemExit(f"roicore bench: the roicore worker failed: {fw_info['roicore']['reason']}")
     return workers
 
 
-def _workload_shapes(names, scale):
-    return {wl: dict(zip(("N", "C", "H", "W", "R", "P", "kind", "spatial_scale"),
-                         WL.shape(wl, scale))) for wl in names}
+def _ms(s):
+    return s * 1e3
 
 
-def run(args):
-    t_start = time.monotonic()
-    names = parse_list(args.workloads, tuple(WL.WORKLOADS), "workload")
-    ops = parse_list(args.ops, OPS, "operator")
-    directions = parse_list(args.directions, DIRECTIONS, "direction", {"backward": "fwd+bwd"})
-    scale = QUICK_SCALE if args.quick else args.scale
-    if not 0 < scale <= 1:
-        raise SystemExit("roicore bench: --scale must be in (0, 1]")
-    if args.repeats < 1:
-        raise SystemExit("roicore bench: --repeats must be >= 1")
-    if args.scaling:
-        if args.frameworks is not None:
-            raise SystemExit("roicore bench: --scaling times roicore.core alone; drop --frameworks")
-        if args.plot:
-            raise SystemExit("roicore bench: --plot draws the native ratios; it does not apply "
-                             "to --scaling")
-        return run_scaling(args, names, ops, directions, scale, t_start)
-    frameworks = parse_list(args.frameworks, FRAMEWORKS, "framework", FRAMEWORK_ALIASES)
-    env = environment()
-    threads = args.threads or env["cpus"]
-    if threads < 1:
-        raise SystemExit("roicore bench: --threads must be >= 1")
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise SystemExit("roicore bench: --plot needs matplotlib (pip install matplotlib)")
+def _measure(workers, fw_info, p):
+    """Load each workload in every worker, time the contenders in interleaved rounds.
 
-    log(f"bench: {threads} thread(s), {args.repeats} round(s), workloads {', '.join(names)}"
-        + (f", scale {scale:g}" if scale != 1 else ""))
-    fw_info = {}
-    all_names = ["roicore"] + frameworks
-    workers = _start_workers(all_names, threads, fw_info)
-    fw_info = {k: fw_info[k] for k in all_names}
-    try:
-        rows, errors = _measure(workers, fw_info, names, ops, directions, scale, args)
-    finally:
-        for w in workers.values():
+    Returns (rows, errors); a worker that dies is closed, removed from ``workers`` and
+    marked failed in ``fw_info``.
+    """
+    rows, errors = [], []
+
+    def died(n, exc):
+        """A worker that dies (crash, out-of-memory kill) is reported; the others go on."""
+        w = workers.pop(n, None)
+        if w is not None:
             w.close()
+        why = str(exc)
+        if "exit code -9" in why:
+            why += " (SIGKILL: out of memory?)"
+        fw_info[n].update(status="failed", reason=why)
+        log(f"{n}: worker died: {why.splitlines()[0]}")
 
-    add_ratios(rows)
-    report = dict(command="bench", mode="compare", environment=env, threads=threads,
-                  repeats=args.repeats, scale=scale, workloads=_workload_shapes(names, scale),
-                  frameworks=fw_info, results=rows, errors=errors,
-                  seconds=time.monotonic() - t_start)
-    print_report(report)
-    if args.json:
-        write_json(args.json, report)
-    if args.plot:
-        plot(report, args.plot)
-        print(f"plot written to {args.plot}")
-    return 0 if all(i["status"] != "failed" for i in fw_info.values()) else 1
+    for wl in p.workloads:
+        wl_ops = [op for op in WL.OPS_FOR[WL.shape(wl)[6]] if op in p.ops]
+        if not wl_ops or "roicore" not in workers:
+            continue
+        log(f"{wl} ({WL.describe(wl, p.scale)}): loading, warming up and measuring memory of "
+            f"{', '.join(wl_ops)}")
+        msg = dict(cmd="load", workload=wl, ops=wl_ops, directions=p.directions, dtypes=p.dtypes,
+                   conventions=p.conventions, scale=p.scale, seed=p.seed,
+                   min_seconds=p.min_seconds)
+        if p.sweep:
+            msg["thread_counts"] = p.thread_counts
+        loaded = _parallel(lambda n: workers[n].request(msg), list(workers))
+        keys, memory = [], {}
+        # in the workers' order (roicore first), not the order they finished loading, so the
+        # tables' rows come in the roicore worker's order on every run
+        for n in [n for n in workers if n in loaded]:
+            res = loaded[n]
+            if isinstance(res, Exception):
+                died(n, res)
+                continue
+            if "error" in res:
+                errors.append(dict(framework=n, workload=wl, kind=None, error=res["error"]))
+                continue
+            errors += [dict(e, framework=n, workload=wl) for e in res["errors"]]
+            keys += [(n, tuple(k)) for k in res["contenders"]]
+            memory.update({(n, tuple(k)): m for k, m in res.get("memory", {}).items()})
+        times = {k: [] for k in keys}
+        for r in range(p.repeats):
+            t0 = time.monotonic()
+            # each contender once per round, in a shuffled (seeded) order: a fixed rotation
+            # would always time each adapter right after its native op, and the first large
+            # allocation after a process frees gigabytes can be the slow one
+            order = random.Random(f"{p.seed}/{wl}/{r}").sample(keys, len(keys))
+            for n, key in order:
+                if n not in workers:
+                    continue
+                try:
+                    times[(n, key)].append(workers[n].request(dict(cmd="run", key=key))["seconds"])
+                except WorkerDied as e:
+                    died(n, e)
+            log(f"{wl}: round {r + 1}/{p.repeats} ({time.monotonic() - t0:.1f} s)")
+        unloaded = _parallel(lambda n: workers[n].request(dict(cmd="unload")), list(workers))
+        for n, peak in unloaded.items():
+            if isinstance(peak, Exception):
+                died(n, peak)
+                continue
+            fw_info[n]["peak_rss_mb"] = round(max(fw_info[n].get("peak_rss_mb", 0),
+                                                  peak.get("peak_rss_mb", 0)), 1)
+        for (n, key), ts in times.items():
+            if not ts:
+                continue
+            op, dtype, direction, kind, variant, threads = key
+            ms = [_ms(t) for t in ts]
+            row = dict(workload=wl, operator=op, dtype=dtype, direction=direction, framework=n,
+                       kind=kind, variant=variant, threads=threads,
+                       median_ms=statistics.median(ms), min_ms=min(ms), max_ms=max(ms),
+                       times_ms=ms)
+            if n == "roicore":
+                row["convention"] = variant or DEFAULT_CONVENTION[op]
+            mem = memory.get((n, key))
+            if mem:
+                row.update(extra_mb=mem["extra"] / 2**20, memory_bytes=dict(mem))
+            rows.append(row)
+    return rows, errors
 
 
-# ------------------------------------------------------------------------- --scaling
-# Issue #5: on the large workloads, 2 threads at least this much faster than 1.
+# ----------------------------------------------------------------------------- ratios
+def per_round(f, *rows):
+    """f of the rows' times in each round (rows of one worker, timed in the same rounds);
+    f of their medians alone should their round counts differ."""
+    times = [r["times_ms"] for r in rows]
+    if len({len(t) for t in times}) != 1:
+        return [f(*(r["median_ms"] for r in rows))]
+    return [f(*ts) for ts in zip(*times)]
+
+
+def paired(f, *rows):
+    """The median over rounds of f of the rows' times in that round, and its range."""
+    values = per_round(f, *rows)
+    return statistics.median(values), [min(values), max(values)]
+
+
+def add_ratios(rows):
+    """Ratios between rows, added to the rows.
+
+    ``ratio`` on native rows: native / roicore.core, the core timed in the roicore worker
+    under its default convention.  On adapter rows, against rows of the adapter's own worker
+    (same process, same rounds), each the median over rounds of that round's ratio, since a
+    worker's rounds can drift between fast and slow phases that a ratio of two medians would
+    take from different rounds; ``*_range`` holds the lowest and highest round:
+    ``overhead`` = adapter / roicore.core in that worker (whose median goes in as
+    ``core_ms``); ``net_overhead`` = (adapter - autograd) / core, where autograd is the
+    framework's own cost around any op of these shapes (``autograd_ms``); ``vs_native`` =
+    native / adapter, the framework's own operator against the adapter that replaces it.
+    """
+    def index(kind):
+        return {(r["framework"],) + row_key(r)[:4]: r for r in rows
+                if r["kind"] == kind and not r.get("variant")}
+    core, autograd, native = index("core"), index("autograd"), index("native")
+    for r in rows:
+        key = row_key(r)[:4]
+        single = ("roicore",) + key[:2] + ("float32",) + key[3:]
+        if (r["framework"], r["kind"], r["dtype"]) == ("roicore", "core", "float64") and \
+                not r.get("variant") and single in core:
+            r["vs_float32"], r["vs_float32_range"] = paired(lambda d, s: d / s, r, core[single])
+        if r["kind"] == "native" and ("roicore",) + key in core:
+            r["ratio"] = r["median_ms"] / core[("roicore",) + key]["median_ms"]  # > 1: roicore faster
+        elif r["kind"] == "adapter" and (r["framework"],) + key in core:
+            c = core[(r["framework"],) + key]
+            r["core_ms"] = c["median_ms"]
+            r["overhead"], r["overhead_range"] = paired(lambda a, c: a / c, r, c)
+            g = autograd.get((r["framework"],) + key)
+            if g is not None:
+                r["autograd_ms"] = g["median_ms"]
+                r["net_overhead"], r["net_overhead_range"] = paired(
+                    lambda a, c, g: (a - g) / c, r, c, g)
+            n = native.get((r["framework"],) + key)
+            if n is not None:
+                r["vs_native"], r["vs_native_range"] = paired(lambda a, n: n / a, r, n)
+
+
+# ----------------------------------------------------------------------------- sweep
+# On the large workloads, 2 threads at least this much faster than 1.
 SCALING_TARGET = 1.7
 SCALING_TARGET_THREADS = 2
 LARGE_WORKLOADS = ("fastrcnn_vgg16", "c4_14x14")
@@ -288,75 +318,42 @@ def input_elements(wl, scale=1.0):
     return N * C * H * W
 
 
-def scaling_rows(rows, threads, scale):
-    """One summary per (workload, op, direction) from the timing rows at 1 and ``threads``
-    threads: medians, speedup, ns per output element, extra memory, and whether the issue #5
-    target holds (full-size large workloads at 2 threads only)."""
+def sweep_rows(rows, counts, scale):
+    """One summary per (workload, op, dtype, direction, variant) from roicore.core's timing
+    rows at each thread count in ``counts``: medians, speedups over the first count (each
+    round's own too: every round times every count), ns per output element, extra memory,
+    and whether the scaling target holds (full-size large workloads, 1 and 2 threads)."""
     by = {}
     for r in rows:
-        by.setdefault((r["workload"], r["operator"], r["direction"]), {})[r["threads"]] = r
+        k = (r["workload"], r["operator"], r.get("dtype", "float32"), r["direction"],
+             r.get("variant", ""))
+        by.setdefault(k, {})[r["threads"]] = r
     out = []
-    for (wl, op, d), got in by.items():
-        one, many = got.get(1), got.get(threads)
-        if not one or not many:
+    for (wl, op, dtype, d, variant), got in by.items():
+        if any(n not in got for n in counts):
             continue
+        at = [got[n] for n in counts]
         elems = output_elements(wl, op, scale)
-        s = dict(workload=wl, operator=op, direction=d, threads=threads,
-                 ms_1=one["median_ms"], ms_n=many["median_ms"],
-                 speedup=one["median_ms"] / many["median_ms"],
-                 # each round times both thread counts, so each round gives a speedup too
-                 round_speedups=[a / b for a, b in zip(one["times_ms"], many["times_ms"])],
+        s = dict(workload=wl, operator=op, dtype=dtype, direction=d, variant=variant,
+                 convention=at[0].get("convention"), threads=list(counts), ms=[r["median_ms"] for r in at],
+                 min_ms=[r["min_ms"] for r in at], max_ms=[r["max_ms"] for r in at],
+                 speedup=[at[0]["median_ms"] / r["median_ms"] for r in at],
+                 round_speedups=[per_round(lambda a, b: a / b, at[0], r) for r in at],
                  output_elements=elems, input_elements=input_elements(wl, scale),
-                 ns_per_element=many["median_ms"] * 1e6 / elems if elems else None,
-                 extra_mb=many.get("extra_mb"), extra_mb_1=one.get("extra_mb"),
-                 memory_bytes=many.get("memory_bytes"))
-        if wl in LARGE_WORKLOADS and threads == SCALING_TARGET_THREADS and scale == 1:
-            s["meets_target"] = s["speedup"] >= SCALING_TARGET
+                 ns_per_element=[r["median_ms"] * 1e6 / elems if elems else None for r in at],
+                 extra_mb=[r.get("extra_mb") for r in at],
+                 memory_bytes=[r.get("memory_bytes") for r in at])
+        if (wl in LARGE_WORKLOADS and scale == 1 and counts[0] == 1
+                and SCALING_TARGET_THREADS in counts):
+            s["meets_target"] = s["speedup"][counts.index(SCALING_TARGET_THREADS)] >= SCALING_TARGET
         out.append(s)
     return out
 
 
-def run_scaling(args, names, ops, directions, scale, t_start):
-    """roicore.core alone at 1 and N threads, interleaved; speedup, ns per output element,
-    peak extra memory."""
-    env = environment()
-    threads = args.threads or env["cpus"]
-    if threads < 2:
-        raise SystemExit(f"roicore bench: --scaling compares 1 thread with N >= 2 threads; "
-                         f"{'--threads is' if args.threads else 'this process may use'} "
-                         f"{threads} (pass --threads 2 or more)")
-    counts = (1, threads)
-    log(f"bench --scaling: roicore.core at 1 and {threads} threads, {args.repeats} round(s), "
-        f"workloads {', '.join(names)}" + (f", scale {scale:g}" if scale != 1 else ""))
-    fw_info = {}
-    workers = _start_workers(["roicore"], threads, fw_info)
-    try:
-        rows, errors = _measure(workers, fw_info, names, ops, directions, scale, args,
-                                thread_counts=counts)
-    finally:
-        for w in workers.values():
-            w.close()
-    scaling = scaling_rows(rows, threads, scale)
-    log("measuring memory bandwidth")
-    bandwidth = memory_bandwidth(counts, args.repeats)
-    report = dict(command="bench", mode="scaling", environment=env, threads=threads,
-                  thread_counts=list(counts), repeats=args.repeats, scale=scale,
-                  workloads=_workload_shapes(names, scale), frameworks=fw_info,
-                  target=dict(speedup=SCALING_TARGET, threads=SCALING_TARGET_THREADS,
-                              workloads=list(LARGE_WORKLOADS)),
-                  results=rows, scaling=scaling, bandwidth=bandwidth, errors=errors,
-                  seconds=time.monotonic() - t_start)
-    print_scaling(report)
-    if args.json:
-        write_json(args.json, report)
-    return 0 if fw_info["roicore"]["status"] != "failed" and not errors else 1
-
-
 # What a pass that only moves memory gets from more threads: the ceiling for the passes
 # bound by bandwidth (the forwards' write-out of outputs far larger than the caches, the
-# max-pool backward's reads of gradient and argmax).  On these VMs it also moves from hour
-# to hour (streaming stores at 2 threads: 22 GB/s in one run, 37 GB/s in another), so
-# the bench measures it next to the speedups it bounds.
+# max-pool backward's reads of gradient and argmax).  It also moves with whatever else the
+# machine is doing, so the bench measures it next to the speedups it bounds.
 BANDWIDTH_BYTES = 256 << 20
 
 
@@ -378,201 +375,88 @@ def memory_bandwidth(counts, repeats, nbytes=BANDWIDTH_BYTES):
     rows = []
     for kind in kinds:
         gbps = [nbytes / statistics.median(times[(kind, n)]) / 1e9 for n in counts]
-        rows.append(dict(kind=kind, bytes=nbytes, threads=list(counts),
-                         gb_per_s=[round(g, 2) for g in gbps],
-                         speedup=round(gbps[-1] / gbps[0], 3),
+        rows.append(dict(kind=kind, bytes=nbytes, threads=list(counts), gb_per_s=gbps,
+                         speedup=[g / gbps[0] for g in gbps],
                          times_ms=[[_ms(t) for t in times[(kind, n)]] for n in counts]))
     return rows
 
 
-def _note(text):
-    print(textwrap.fill(text, 100, initial_indent="  ", subsequent_indent="    "))
+# ----------------------------------------------------------------------------- run
+def _workload_shapes(names, scale):
+    return {wl: dict(zip(("N", "C", "H", "W", "R", "P", "kind", "spatial_scale"),
+                         WL.shape(wl, scale))) for wl in names}
 
 
-def _fmt_mb(mb):
-    if mb is None:
-        return "-"
-    return f"{mb:.3g}" if abs(mb) < 100 else f"{mb:.0f}"
-
-
-def print_scaling(report):
-    env, n = report["environment"], report["threads"]
-    print(f"roicore {env['roicore']} bench --scaling: {env['cpu']}, roicore.core at 1 and {n} "
-          f"threads, median of {report['repeats']} interleaved round(s)"
-          + (f", workloads scaled by {report['scale']:g}" if report["scale"] != 1 else ""))
-    print(f"numpy {env['numpy']}, python {env['python']}, OpenMP "
-          f"{'on' if env['openmp'] else 'OFF (sequential build)'}")
-    for wl in report["workloads"]:
-        print(f"  {wl}: {WL.describe(wl, report['scale'])}")
-    print()
-    t = report["target"]
-    show_target = any("meets_target" in s for s in report["scaling"])
-    head = ["workload", "op", "direction", "ms 1 thr", f"ms {n} thr", "speedup", "per round",
-            f"ns/elem {n} thr", "extra MB"] + ([f"target >= {t['speedup']}x"] if show_target else [])
-    rows = []
-    for s in report["scaling"]:
-        row = [s["workload"], s["operator"], s["direction"], _fmt_ms(s["ms_1"]), _fmt_ms(s["ms_n"]),
-               f"{s['speedup']:.2f}x",
-               f"{min(s['round_speedups']):.2f}-{max(s['round_speedups']):.2f}x",
-               f"{s['ns_per_element']:.3g}" if s["ns_per_element"] is not None else "-",
-               _fmt_mb(s["extra_mb"])]
-        if show_target:
-            row.append({True: "met", False: "MISSED"}.get(s.get("meets_target"), "-"))
-        rows.append(row)
-    print(table(head, rows, "lllrrrrrr" + ("l" if show_target else "")))
-    print()
-    _note(f"speedup = ms at 1 thread / ms at {n} threads (the worker's idle OpenMP threads "
-          "sleep: OMP_WAIT_POLICY=PASSIVE, as in the framework comparison)")
-    _note("per round = the lowest and highest of the rounds' own speedups (each round times "
-          "both thread counts): how far the same code's speedup moves within this run")
-    _note(f"ns/elem = ms at {n} threads / (K * C_out * PH * PW), the pooled output elements "
-          "(fwd+bwd: the same count); work proportional to the input (NHWC copy of x, zeroing "
-          "dx) is not normalised away")
-    _note(f"extra MB = tracemalloc peak of one untimed call at {n} threads minus its outputs "
-          "(forward: y; fwd+bwd: the larger of forward peak - y - argmax and backward peak - dx)")
-    goal = (f"issue #5 target: {t['threads']} threads >= {t['speedup']}x faster than 1 on "
-            f"{', '.join(t['workloads'])}")
-    met = [s for s in report["scaling"] if "meets_target" in s]
-    if met:
-        _note(f"{goal}: met by {sum(s['meets_target'] for s in met)} of {len(met)} "
-              f"(lowest {min(s['speedup'] for s in met):.2f}x)")
+def measure(p, env):
+    """Run the workers for plan ``p``; the report (without its outputs)."""
+    t_start = time.monotonic()
+    log(f"bench: {'roicore.core alone at ' if p.sweep else ''}"
+        f"{','.join(map(str, p.thread_counts))} thread(s), {p.repeats} round(s), "
+        f"workloads {', '.join(p.workloads)}" + (f", scale {p.scale:g}" if p.scale != 1 else ""))
+    fw_info = {}
+    all_names = ["roicore"] + p.frameworks
+    started = _start_workers(all_names, p.threads, fw_info)
+    # in the order asked for, not the order they started in: the report's rows and columns
+    # come in the same order on every run
+    workers = {n: started[n] for n in all_names if n in started}
+    fw_info = {n: fw_info[n] for n in all_names}
+    if "roicore" not in workers:
+        raise WorkerDied(f"the roicore worker failed: {fw_info['roicore']['reason']}")
+    try:
+        rows, errors = _measure(workers, fw_info, p)
+    finally:   # each waits for its process to exit: together, not one after the other
+        _parallel(lambda n: workers[n].close(), list(workers))
+    report = dict(command="bench", mode="sweep" if p.sweep else "compare", environment=env,
+                  threads=p.threads, thread_counts=p.thread_counts, repeats=p.repeats,
+                  scale=p.scale, quick=p.quick, min_run_seconds=p.min_seconds,
+                  dtypes=p.dtypes, conventions=p.conventions,
+                  default_conventions=DEFAULT_CONVENTION,
+                  workloads=_workload_shapes(p.workloads, p.scale), frameworks=fw_info,
+                  results=rows, errors=errors)
+    if p.sweep:
+        report["scaling"] = sweep_rows(rows, p.thread_counts, p.scale)
+        report["target"] = dict(speedup=SCALING_TARGET, threads=SCALING_TARGET_THREADS,
+                                workloads=list(LARGE_WORKLOADS))
+        log("measuring memory bandwidth")
+        report["bandwidth"] = memory_bandwidth(p.thread_counts, p.repeats)
     else:
-        why = ("the workloads are scaled down" if report["scale"] != 1 else
-               f"it is set for {t['threads']} threads" if n != t["threads"] else
-               "neither workload ran")
-        _note(f"{goal}: not evaluated on this run ({why})")
-    bw = report.get("bandwidth")
-    if bw:
-        print()
-        print(table([f"memory bandwidth, GB/s ({bw[0]['bytes'] >> 20} MB pass)", "1 thr",
-                     f"{n} thr", "speedup"],
-                    [[b["kind"], f"{b['gb_per_s'][0]:.1f}", f"{b['gb_per_s'][-1]:.1f}",
-                      f"{b['speedup']:.2f}x"] for b in bw], "lrrr"))
-        print()
-        _note("the forwards write outputs of 8 MB or more with streaming stores; a pass bound "
-              "by one of these kinds of traffic cannot scale beyond its speedup above")
-    for e in report["errors"]:
-        print(f"  error: {e['framework']} {e['workload']} {e.get('what', '')}: {e['error'][:200]}")
-    i = report["frameworks"]["roicore"]
-    if i["status"] != "ran":
-        print(f"  roicore: {i['status'].upper()}: {str(i['reason']).strip().splitlines()[0]}")
-    if i.get("peak_rss_mb"):
-        print(f"  peak RSS of the roicore worker: {i['peak_rss_mb']:.0f} MB")
-    print(f"({report['seconds']:.1f} s)")
+        add_ratios(rows)
+    report["seconds"] = time.monotonic() - t_start
+    return report
 
 
-def print_report(report):
-    env = report["environment"]
-    print(f"roicore {env['roicore']} bench: {env['cpu']}, {report['threads']} thread(s) for every "
-          f"contender, median of {report['repeats']} interleaved round(s)"
-          + (f", workloads scaled by {report['scale']:g}" if report["scale"] != 1 else ""))
-    vers = [f"{n} {i['version']}" for n, i in report["frameworks"].items() if i.get("version")]
-    print("versions: " + ", ".join(vers) + f", numpy {env['numpy']}, python {env['python']}")
-    for wl, s in report["workloads"].items():
-        print(f"  {wl}: {WL.describe(wl, report['scale'])}")
-    natives = [n for n, i in report["frameworks"].items() if n != "roicore" and i.get("version")]
-    by = {}
-    for r in report["results"]:
-        by.setdefault((r["workload"], r["operator"], r["direction"]), {})[(r["framework"], r["kind"])] = r
-    print()
-    print("native time / roicore.core time (> 1: roicore faster); milliseconds in brackets")
-    head = ["workload", "op", "direction", "roicore ms", "extra MB"] + natives
-    rows = []
-    for (wl, op, d), got in by.items():
-        c = got.get(("roicore", "core"))
-        row = [wl, op, d, _fmt_ms(c["median_ms"]) if c else "-",
-               _fmt_mb(c.get("extra_mb")) if c else "-"]
-        for n in natives:
-            r = got.get((n, "native"))
-            row.append(f"{r['ratio']:.1f}x ({_fmt_ms(r['median_ms'])})" if r and "ratio" in r else "-")
-        rows.append(row)
-    print(table(head, rows, "lllrr" + "r" * len(natives)))
-    adapters = [n for n in natives if any(k == (n, "adapter") for g in by.values() for k in g)]
-    if adapters:
-        print()
-        print("adapter overhead: adapter time / roicore.core time in the adapter's process, "
-              "median of the rounds' ratios; median adapter ms / core ms in brackets; fwd+bwd "
-              "also net of the framework's own autograd cost (ms after 'autograd')")
-        rows = []
-        for (wl, op, d), got in by.items():
-            row = [wl, op, d]
-            for n in adapters:
-                r = got.get((n, "adapter"))
-                cell = (f"{r['overhead']:.2f} ({_fmt_ms(r['median_ms'])} / "
-                        f"{_fmt_ms(r['core_ms'])})" if r and "overhead" in r else "-")
-                if r and "net_overhead" in r:
-                    cell += f", net {r['net_overhead']:.2f} (autograd {_fmt_ms(r['autograd_ms'])})"
-                row.append(cell)
-            rows.append(row)
-        print(table(["workload", "op", "direction"] + adapters, rows, "lll" + "r" * len(adapters)))
-    print()
-    for n, i in report["frameworks"].items():
-        if n == "roicore":
-            continue
-        if i["status"] == "ran" or i.get("version"):
-            print(f"  {n}: {NATIVE[n]}")
-        if i["status"] != "ran":
-            print(f"  {n}: {i['status'].upper()}: {str(i['reason']).strip().splitlines()[0]}")
-    for e in report["errors"]:
-        print(f"  error: {e['framework']} {e['workload']} {e.get('what', '')}: {e['error'][:200]}")
-    print("  roi_align: sampling_ratio 2, aligned=True; fwd+bwd: forward recorded for autograd + "
-          "backward; roicore.core: conventions mxnet (roi_pool, roi_align), paddle (psroi_pool)")
-    if adapters:
-        _note("adapter overhead: the adapter and the bare roicore.core call it makes (same "
-              "workload, thread count and conventions as the adapter: paddle's for paddle, "
-              "mxnet's for mxnet and tensorflow (per-plane argmax), with the argmax a gradient "
-              "needs) are timed in "
-              "the same worker process, interleaved in every round, and each ratio is the median "
-              "of the rounds' ratios (a round's two calls run next to each other); the roicore "
-              "ms column "
-              "above comes from the separate roicore worker.  Output cache: the default; in "
-              "framework workers each adapter or core run starts with an untimed call, whose "
-              "outputs the timed calls reuse, and releases the idle blocks after.  net = "
-              "(adapter - autograd) / core, where autograd is a null op of the adapter's "
-              "shapes (forward returns a ready output, backward a ready input gradient) "
-              "recorded and differentiated as the adapter is: what the framework spends "
-              "around any op of these shapes, native ones included (Paddle, for one, copies "
-              "the upstream gradient into fresh memory)")
-    _note(f"each round times each contender's call repeated for at least "
-          f"{RUN_MIN_SECONDS:g} s (median call); slower calls run once per round")
-    _note("extra MB: roicore.core's peak memory beyond its inputs and outputs, from tracemalloc "
-          "during one untimed call (forward: peak - y; fwd+bwd: the larger of forward peak - y - "
-          "argmax and backward peak - dx)")
-    rss = ", ".join(f"{n} {i['peak_rss_mb']:.0f} MB" for n, i in report["frameworks"].items()
-                    if i.get("peak_rss_mb"))
-    if rss:
-        print(f"  peak RSS per worker: {rss}")
-    print(f"({report['seconds']:.1f} s)")
+def failed(report):
+    """Whether a worker, or one of roicore's own contenders, failed (exit status 1)."""
+    return (any(i["status"] == "failed" for i in report["frameworks"].values())
+            or any(e.get("kind") != "native" for e in report["errors"]))
 
 
-def plot(report, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    rows = [r for r in report["results"] if r["kind"] == "native" and "ratio" in r]
-    groups = sorted({(r["workload"], r["operator"], r["direction"]) for r in rows},
-                    key=lambda g: [r for r in report["results"]].index(
-                        next(r for r in report["results"]
-                             if (r["workload"], r["operator"], r["direction"]) == g)))
-    natives = sorted({r["framework"] for r in rows})
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(groups) + 2), 4.5))
-    width = 0.8 / max(1, len(natives))
-    for i, n in enumerate(natives):
-        vals = []
-        for g in groups:
-            r = next((r for r in rows if r["framework"] == n and
-                      (r["workload"], r["operator"], r["direction"]) == g), None)
-            vals.append(r["ratio"] if r else 0)
-        ax.bar([j + i * width for j in range(len(groups))], vals, width, label=n)
-    ax.axhline(1, color="k", lw=0.8)
-    ax.set_yscale("log")
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(groups))])
-    ax.set_xticklabels([f"{w}\n{o}\n{d}" for w, o, d in groups], fontsize=7)
-    ax.set_ylabel("native time / roicore time (log)")
-    env = report["environment"]
-    ax.set_title(f"roicore {env['roicore']} vs native ops, {report['threads']} thread(s), {env['cpu']}",
-                 fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def run(args):
+    env = environment()
+    p = plan(args, env["cpus"])
+    baseline = _compare.load(args.compare, p) if args.compare else None
+    if args.plot:
+        from . import _plot
+        _plot.require()
+    try:
+        report = measure(p, env)
+    except WorkerDied as e:   # the roicore worker's: nothing to report
+        log(str(e))
+        return 1
+    report["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    report["command_line"] = shlex.join(["roicore"] + args.argv)
+    if baseline is not None:
+        report["compare"] = _compare.compare(report, baseline, p.threshold)
+    blocks = _bench_report.blocks(report)
+    print(render_text(blocks))
+    if args.json:
+        write_json(args.json, report)
+    if args.markdown:
+        _bench_report.write_markdown(args.markdown, report, blocks)
+    if args.csv:
+        _bench_report.write_csv(args.csv, report)
+    if args.plot:
+        _plot.plot(report, args.plot)
+        print(f"plot written to {args.plot}")
+    regressed = baseline is not None and report["compare"]["regressions"]
+    return 1 if failed(report) or regressed else 0

@@ -171,6 +171,16 @@ def suite(ops, n_random, seed):
 
 
 # ----------------------------------------------------------------------------- user input
+def normalised(rois, spatial_scale, H, W):
+    """Image-pixel ``rois`` as bilinear pooling takes them (crop_and_resize's normalised boxes):
+    x * spatial_scale / (W - 1), y * spatial_scale / (H - 1)."""
+    r = np.array(rois, np.float64)
+    r[:, [1, 3]] *= spatial_scale / max(W - 1, 1)
+    r[:, [2, 4]] *= spatial_scale / max(H - 1, 1)
+    return r
+
+
+
 INPUT_KEYS = """\
 --inputs FILE.npz keys (np.savez(FILE, x=..., rois=..., ...)):
   x               (N, C, H, W) float32 or float64 feature map (required)
@@ -231,11 +241,7 @@ def load_inputs(path, ops):
         if op == "psroi_pool" and C % (size[0] * size[1]):
             notes.append(f"psroi_pool skipped: C={C} is not a multiple of {size[0]}x{size[1]}")
             continue
-        r = rois
-        if op == "roi_pool_bilinear":
-            r = rois.copy()
-            r[:, [1, 3]] *= s / max(W - 1, 1)
-            r[:, [2, 4]] *= s / max(H - 1, 1)
+        r = normalised(rois, s, H, W) if op == "roi_pool_bilinear" else rois
         c = _case("inputs", "inputs", op, x, r, size, s if op != "roi_pool_bilinear" else 1.0, sr,
                   aligned, seed=0)
         c["x"] = np.asarray(x, dtype)          # keep the user's dtype

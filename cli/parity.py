@@ -9,15 +9,12 @@ import numpy as np
 
 from . import cases as K
 from ._proc import Worker, WorkerDied
-from ._report import FRAMEWORK_ALIASES, environment, fmt_diff, log, parse_list, table, write_json
+from .frameworks import NAMES, harness_class
+from ._report import (FRAMEWORK_ALIASES, UsageError, environment, fmt_diff, log, parse_list,
+                      table, write_json)
 
-FRAMEWORKS = ("paddle", "mxnet", "tensorflow", "openvino")
-NATIVE_OPS = {
-    "paddle": "paddle.vision.ops roi_pool / psroi_pool / roi_align vs roicore.adapters.paddle",
-    "mxnet": "mx.nd ROIPooling / contrib.PSROIPooling / contrib.ROIAlign vs roicore.adapters.mxnet",
-    "tensorflow": "tf.image.crop_and_resize vs roicore.adapters.tf roi_pool(method='bilinear')",
-    "openvino": "OpenVINO CPU ROIPooling (f32 hint) vs roicore.core convention 'openvino_cpu'",
-}
+# the frameworks whose native operators roicore claims to reproduce bit for bit
+FRAMEWORKS = tuple(n for n in NAMES if harness_class(n).parity_claims)
 DTYPES = ("float32", "float64")
 
 
@@ -252,7 +249,7 @@ def print_report(report, inputs_mode):
     print()
     for name, info in fw.items():
         if info["status"] == "ran":
-            print(f"  {name} {info['version']}: {NATIVE_OPS[name]}")
+            print(f"  {name} {info['version']}: {harness_class(name).parity_text}")
         else:
             reason = info["reason"].strip().splitlines()
             print(f"  {name}: {info['status'].upper()}: {reason[0] if reason else ''}")
@@ -308,11 +305,11 @@ def run(args):
         try:
             cases, inputs = K.load_inputs(args.inputs, ops)
         except (OSError, ValueError) as e:
-            raise SystemExit(f"roicore parity: {e}")
+            raise UsageError(f"--inputs: {e}") from None
         dtypes = [inputs["dtype"]]
     else:
         if args.cases < 0:
-            raise SystemExit("roicore parity: --cases must be >= 0")
+            raise UsageError(f"--cases must be >= 0, got {args.cases}")
         cases = K.suite(ops, args.cases, args.seed)
     log(f"parity: {len(cases)} cases x {len(dtypes)} dtype(s); frameworks {', '.join(frameworks)} "
         "(one worker process each)")
@@ -333,8 +330,7 @@ def run(args):
         info = results.get(fw, dict(status="failed", reason="no result"))
         fw_info[fw] = {k: v for k, v in info.items() if k != "results"}
         if info["status"] == "ran":
-            has_grad = fw != "openvino"
-            rows += _aggregate(fw, info["results"], has_grad)
+            rows += _aggregate(fw, info["results"], harness_class(fw).differentiable)
     order = {op: i for i, op in enumerate(K.OPS)}
     rows.sort(key=lambda r: (order[r["operator"]], frameworks.index(r["framework"]), r["dtype"]))
     ok = (all(r["ok"] for r in rows) and all(i["status"] != "failed" for i in fw_info.values())

@@ -1,9 +1,7 @@
 """Standard RoI workloads: shapes of real detection heads, with random boxes of plausible sizes.
 
-roicore's own copy of the shared benchmark definitions (/work/shared/bench/workloads.py in
-the development tree, the file the native framework timings in the oracle notes were
-measured with), so that ``roicore bench`` figures are comparable with them.  Added here:
-``scale`` (shrinks boxes and channels for quick CI runs) and ``describe``.
+``scale`` shrinks boxes and channels (for quick runs); ``cases`` turns a workload into the
+cases the bench workers run (the format of ``roicore.cli.cases``).
 """
 import numpy as np
 
@@ -16,7 +14,7 @@ WORKLOADS = {
 }
 
 # The operators timed on each kind of workload.
-OPS_FOR = {"roi": ("roi_pool", "roi_align"), "ps": ("psroi_pool",)}
+OPS_FOR = {"roi": ("roi_pool", "roi_align", "roi_pool_bilinear"), "ps": ("psroi_pool",)}
 
 
 def shape(name, scale=1.0):
@@ -46,3 +44,29 @@ def make(name, seed=0, scale=1.0):
     boxes = np.stack([x1, y1, np.minimum(x1 + w, img_w - 1), np.minimum(y1 + h, img_h - 1)], 1).astype("float32")
     batch = np.repeat(np.arange(N), R // N).astype("int32")
     return x, boxes, batch, P, s, op
+
+
+# roi_align's arguments on every workload: two samples per bin side, half-pixel aligned.
+ALIGN_ARGS = dict(sampling_ratio=2, aligned=True)
+
+
+def cases(name, ops, seed=0, scale=1.0):
+    """``{op: (case, dy)}``: workload ``name`` as a case of each operator in ``ops`` (one
+    feature map and one set of boxes for all; bilinear pooling gets the boxes normalised as
+    it takes them), and an upstream gradient of the output's shape (one array for all the
+    operators whose outputs have the same shape).
+    """
+    from .cases import normalised
+    x, boxes, batch, P, s, _ = make(name, seed=seed, scale=scale)
+    rois = np.hstack([batch[:, None], boxes]).astype(np.float64)
+    out, gradients = {}, {}
+    for op in ops:
+        case = dict(name=name, group="workload", op=op, x=x, rois=rois, output_size=(P, P),
+                    spatial_scale=s, seed=seed, **ALIGN_ARGS)
+        if op == "roi_pool_bilinear":
+            case.update(rois=normalised(rois, s, *x.shape[2:]), spatial_scale=1.0)
+        shape = (len(rois), x.shape[1] // (P * P) if op == "psroi_pool" else x.shape[1], P, P)
+        if shape not in gradients:
+            gradients[shape] = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+        out[op] = (case, gradients[shape])
+    return out

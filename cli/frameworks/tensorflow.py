@@ -1,0 +1,132 @@
+"""TensorFlow: ``tf.image.crop_and_resize`` against ``roicore.adapters.tf``.
+
+TensorFlow has no RoI operator of its own.  Bilinear RoI pooling is ``crop_and_resize``
+itself; for RoI max pooling the bench times the usual stand-in, ``crop_and_resize`` to
+2P x 2P followed by a 2x2 max pool (not the same numbers, so parity does not compare it).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import F32, Call, Unsupported
+from . import Harness as Base
+
+# Largest crop tensor the RoI max pooling stand-in may build (bytes).
+CROP_LIMIT = float(os.environ.get("ROICORE_BENCH_TF_CROP_LIMIT_GB", "1")) * 2**30
+
+
+class Harness(Base):
+    name = "tensorflow"
+    parity_claims = {"roi_pool_bilinear": (F32,)}
+    layouts = ("NCHW", "NHWC")
+    native_text = ("roi_pool_bilinear: crop_and_resize; roi_pool: its usual approximation, "
+                   "crop_and_resize to 2P x 2P + 2x2 max-pool (both NHWC)")
+    parity_text = "tf.image.crop_and_resize vs roicore.adapters.tf roi_pool(method='bilinear')"
+
+    def __init__(self, threads=None):
+        super().__init__(threads)
+        import tensorflow as tf
+        if threads:    # the bench: every contender at the same thread count
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(1)
+        else:          # parity: TF's own thread count, and only deterministic kernels
+            tf.config.experimental.enable_op_determinism()
+        from roicore.adapters import tf as adapter
+        self.tf, self.adapter = tf, adapter
+        self.version = tf.__version__
+
+    def inputs(self, case, dtype, dy):
+        tf = self.tf
+        x = case["x"].astype(dtype)
+        # the tensors of each layout are made when a call first needs them
+        return dict(x=x, dy=dy, dtype=dtype, tensors={},
+                    boxes=tf.constant(case["rois"][:, [2, 1, 4, 3]].astype(np.float32)),
+                    box_indices=tf.constant(case["rois"][:, 0].astype(np.int32)))
+
+    def _tensor(self, inputs, key, layout):
+        """``inputs[key]`` (NCHW NumPy) as a tensor in ``layout``, made once."""
+        made = inputs["tensors"]
+        if (key, layout) not in made:
+            a = inputs[key]
+            made[(key, layout)] = self.tf.constant(a.transpose(0, 2, 3, 1) if layout == "NHWC"
+                                                   else a)
+        return made[(key, layout)]
+
+    def _call(self, fn, inputs, layout):
+        return Call(fn, self._tensor(inputs, "x", layout), self._tensor(inputs, "dy", layout),
+                    layout)
+
+    def native(self, case, inputs):
+        tf, op, size = self.tf, case["op"], list(case["output_size"])
+        boxes, bi = inputs["boxes"], inputs["box_indices"]
+        if inputs["dtype"] != F32:
+            raise Unsupported(f"crop_and_resize computes in float32 only, not {inputs['dtype']}")
+        if op == "roi_pool_bilinear":
+            return self._call(lambda x: tf.image.crop_and_resize(x, boxes, bi, size,
+                                                                 extrapolation_value=0.0),
+                              inputs, "NHWC")
+        if op != "roi_pool":
+            return super().native(case, inputs)
+        N, C, H, W = case["x"].shape
+        PH, PW = size
+        crop_bytes = len(case["rois"]) * 4 * PH * PW * C * 4
+        if crop_bytes > CROP_LIMIT:
+            # with its gradient the stand-in holds several crop-sized tensors (about 11.5 GB
+            # on c4_14x14), which beside the other workers can exhaust the machine's memory
+            raise MemoryError(
+                f"skipped: the crop_and_resize stand-in needs a {crop_bytes / 2**30:.1f} GiB crop "
+                f"tensor (more than {CROP_LIMIT / 2**30:.0f} GiB) plus its gradient; set "
+                "ROICORE_BENCH_TF_CROP_LIMIT_GB to raise the limit on a larger machine")
+        # boxes in image pixels, normalised as crop_and_resize takes them
+        nb = case["rois"][:, 1:] * case["spatial_scale"]
+        nb[:, [0, 2]] /= max(W - 1, 1)
+        nb[:, [1, 3]] /= max(H - 1, 1)
+        nboxes = tf.constant(nb[:, [1, 0, 3, 2]].astype(np.float32))
+
+        def stand_in(x):
+            crops = tf.image.crop_and_resize(x, nboxes, bi, [2 * PH, 2 * PW])
+            return tf.nn.max_pool2d(crops, 2, 2, "VALID")
+        return self._call(stand_in, inputs, "NHWC")
+
+    def roicore(self, case, inputs, layout="NCHW"):
+        op, A = case["op"], self.adapter
+        args = (inputs["boxes"], inputs["box_indices"], case["output_size"])
+        kw = dict(data_format=layout, n_threads=self.threads)
+        if op == "roi_pool_bilinear":
+            kw["method"] = "bilinear"   # boxes normalised, spatial_scale 1
+        elif op in ("roi_pool", "psroi_pool", "roi_align"):
+            args += (case["spatial_scale"],)
+            if op == "roi_align":
+                kw.update(sampling_ratio=case["sampling_ratio"], aligned=case["aligned"])
+        else:
+            raise Unsupported(f"roicore.adapters.tf has no {op}")
+        fn = getattr(A, "roi_pool" if op == "roi_pool_bilinear" else op)
+        return self._call(lambda x: fn(x, *args, **kw), inputs, layout)
+
+    def forward_backward(self, call):
+        tf = self.tf
+        with tf.GradientTape() as tape:
+            tape.watch(call.x)
+            y = call.fn(call.x)
+        return y, tape.gradient(y, call.x, output_gradients=call.dy)
+
+    def null(self, call, inputs):
+        tf = self.tf
+        y_ready, dx_ready = call.dy, call.x   # ready tensors of the output's and the input's shapes
+
+        @tf.custom_gradient
+        def null(v):
+            return tf.identity(y_ready), lambda g: dx_ready
+        return Call(null, call.x, call.dy, call.layout)
+
+    def to_numpy(self, t, layout="NCHW"):
+        return super().to_numpy(None if t is None else t.numpy(), layout)
+
+    def core_rules(self):
+        # roi_pool(method="max"): MXNet's rules with a per-plane argmax (the adapter's own)
+        c = self.adapter.CONVENTIONS
+        return {"roi_pool": c["roi_pool/max"], "roi_pool/saving": c["roi_pool/max"],
+                "roi_pool/backward": c["roi_pool/max"], "roi_align": c["roi_align"],
+                "psroi_pool": c["psroi_pool"], "roi_pool_bilinear": c["roi_pool/bilinear"]}

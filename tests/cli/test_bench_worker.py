@@ -1,0 +1,188 @@
+"""The bench worker's side: timing, memory tracing, the output cache, and what each contender
+computes (the harnesses bind the operations the report names)."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+
+def test_traced_peak_counts_scratch_not_inputs_or_older_arrays():
+    """The memory figure's arithmetic, in a worker-like subprocess."""
+    code = """if 1:
+        import numpy as np
+        from roicore.cli._bench_worker import traced_peak, nbytes
+        held = np.ones(4 << 20, np.uint8)            # alive before the call: not counted
+        def op(x):
+            scratch = np.ones(8 << 20, np.uint8)     # 8 MiB scratch, freed on return
+            y = np.empty(1 << 20, np.uint8)          # 1 MiB output
+            y[:] = scratch[:1 << 20] + x[:1 << 20]
+            return y
+        y, peak = traced_peak(op, held)
+        print(peak - nbytes(y))
+    """
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    extra = int(proc.stdout.split()[-1])
+    # 8 MiB scratch plus the 1 MiB temporary of scratch[:n] + x[:n]; a few KB of Python objects
+    assert (9 << 20) <= extra < (9 << 20) + (64 << 10), extra
+
+
+def test_a_timed_run_repeats_short_calls_and_takes_their_median():
+    from roicore.cli._bench_worker import RUN_MIN_SECONDS, timed_run
+
+    def fake(durations):
+        calls = iter(durations)
+        return lambda: next(calls)
+
+    # a cold first call, then warm ones until RUN_MIN_SECONDS is reached
+    short = RUN_MIN_SECONDS / 10
+    durations = [5 * short] + [short] * 20
+    assert timed_run(fake(durations)) == short
+    # a call longer than RUN_MIN_SECONDS runs once (the iterator would raise on a second)
+    assert timed_run(fake([2 * RUN_MIN_SECONDS])) == 2 * RUN_MIN_SECONDS
+
+
+def test_framework_workers_warm_the_output_cache_per_run_and_release_it(cache):
+    """In a framework worker an adapter or core run makes one untimed call first, so the
+    timed call reuses its output block, and leaves no idle block behind; native runs and
+    the roicore worker are timed as they come."""
+    from roicore.cli._bench_worker import BenchState
+    import roicore.core as rc
+
+    def contender():
+        log = []
+
+        def call():
+            y = rc.roi_pool(np.ones((1, 1, 4, 4), np.float32), np.zeros((1 << 18, 4), np.float32),
+                            1, batch_indices=np.zeros(1 << 18, np.int64))  # a 1 MB output
+            log.append(rc.output_cache_stats()["hits"])
+            del y
+            return 1.0  # seconds: one call per timed run
+        return call, log
+
+    fw = BenchState(None, threads=1, cache_per_run=True)
+    core_call, core_log = contender()
+    native_call, native_log = contender()
+    core, native = (["roi_pool", "float32", "forward", kind, "", 1] for kind in ("core", "native"))
+    fw.calls = {tuple(core): core_call, tuple(native): native_call}
+    hits = rc.output_cache_stats()["hits"]
+    assert fw.handle(dict(cmd="run", key=core)) == {"seconds": 1.0}
+    assert core_log == [hits, hits + 1]  # the timed call reused the warm-up's block
+    assert rc.output_cache_stats()["idle_blocks"] == 0
+    fw.handle(dict(cmd="run", key=native))
+    assert len(native_log) == 1
+    plain = BenchState(None, threads=1)
+    plain.calls = {tuple(core): core_call}
+    plain.handle(dict(cmd="run", key=core))
+    assert len(core_log) == 3 and rc.output_cache_stats()["idle_blocks"] == 1
+
+
+def test_workload_cases_share_one_map_and_normalise_bilinear_boxes():
+    from roicore.cli import cases, workloads
+    got = workloads.cases("train_b2", ["roi_pool", "roi_align", "roi_pool_bilinear"], scale=0.1)
+    x, boxes, batch, P, s, _ = workloads.make("train_b2", scale=0.1)
+    for op, (case, dy) in got.items():
+        assert case["op"] == op and case["x"] is got["roi_pool"][0]["x"]
+        np.testing.assert_array_equal(case["x"], x)
+        assert case["output_size"] == (P, P) and (case["sampling_ratio"], case["aligned"]) == (2, True)
+        assert dy.shape == (len(boxes), x.shape[1], P, P) and dy.dtype == np.float32
+        assert case["rois"][:, 0].tolist() == batch.tolist()
+    # outputs of one shape share one upstream gradient
+    assert got["roi_pool"][1] is got["roi_align"][1] is got["roi_pool_bilinear"][1]
+    pix, bil = got["roi_pool"][0], got["roi_pool_bilinear"][0]
+    np.testing.assert_array_equal(pix["rois"][:, 1:], boxes)
+    assert pix["spatial_scale"] == s and bil["spatial_scale"] == 1.0
+    H, W = x.shape[2:]
+    np.testing.assert_allclose(bil["rois"][:, [1, 3]], boxes[:, [0, 2]] * s / (W - 1))
+    np.testing.assert_allclose(bil["rois"][:, [2, 4]], boxes[:, [1, 3]] * s / (H - 1))
+    np.testing.assert_array_equal(bil["rois"], cases.normalised(pix["rois"], s, H, W))
+
+
+def test_core_contenders_use_the_convention_they_are_named_after(monkeypatch):
+    """Each roicore.core row of the conventions table calls roicore.core with its convention."""
+    import roicore.core as rc
+    from roicore.cli import workloads
+    from roicore.cli._bench_worker import CoreBench
+    seen = []
+    for name in ("roi_pool", "roi_pool_backward", "roi_align", "roi_align_backward"):
+        real = getattr(rc, name)
+
+        def spy(*args, _real=real, _name=name, **kw):
+            seen.append((_name, kw["convention"]))
+            return _real(*args, **kw)
+        monkeypatch.setattr(rc, name, spy)
+    bench = CoreBench(1)
+    for op, (case, dy) in workloads.cases("train_b2", ["roi_pool", "roi_align",
+                                                       "roi_pool_bilinear"], scale=0.03).items():
+        timers, errors = bench.contenders(case, dy, 1, ["paddle", "openvino_cpu", "tensorflow"])
+        assert not errors
+        expected = {"roi_pool": {"": "mxnet", "paddle": "paddle", "openvino_cpu": "openvino_cpu"},
+                    "roi_align": {"": "mxnet", "paddle": "paddle"},
+                    "roi_pool_bilinear": {"": "tensorflow", "openvino_cpu": "openvino_cpu"}}[op]
+        assert set(timers) == {(d, "core", v) for v in expected for d in ("forward", "fwd+bwd")}
+        for (direction, _, variant), timer in timers.items():
+            seen.clear()
+            assert timer() > 0
+            calls = {"forward": 1, "fwd+bwd": 2}[direction]
+            assert len(seen) == calls, seen
+            assert {conv for _, conv in seen} == {expected[variant]}, (op, variant, seen)
+            if op == "roi_pool_bilinear":
+                assert all(n.startswith("roi_pool") for n, _ in seen)
+
+
+# The bench must time like against like: on its own workloads, each framework's native
+# operator and roicore's counterpart (in every layout the adapter takes) give the same
+# numbers, forward and backward, wherever roicore claims bit-identity with that operator.
+SAME_NUMBERS = """if 1:
+    import json, sys
+    import numpy as np
+    from roicore.cli import workloads
+    from roicore.cli.frameworks import harness_class
+    try:
+        h = harness_class(sys.argv[1])(1)
+    except ImportError as e:
+        print(json.dumps(dict(skipped=str(e))))
+        raise SystemExit(0)
+    cases = dict(workloads.cases("train_b2", ["roi_pool", "roi_align", "roi_pool_bilinear"],
+                                 scale=0.03))
+    cases.update(workloads.cases("rfcn_psroi", ["psroi_pool"], scale=0.03))
+    checked = []
+    for op, (case, dy) in cases.items():
+        for dtype in h.parity_claims.get(op, ()):
+            c, note = h.restrict(dict(case, x=case["x"].astype(dtype)))
+            assert note is None, note          # the bench's boxes suit every native op
+            inputs = h.inputs(c, dtype, dy.astype(dtype))
+            native = h.native(c, inputs)
+            run = h.forward_backward if h.differentiable else (lambda call: (h.forward(call), None))
+            want = [h.to_numpy(t, native.layout) for t in run(native)]
+            for layout in h.layouts:
+                call = h.roicore(c, inputs, layout)
+                got = [h.to_numpy(t, call.layout) for t in run(call)]
+                for w, g in zip(want, got):
+                    assert (w is None) == (g is None)
+                    if w is not None:
+                        assert w.shape == g.shape and w.dtype == g.dtype, (op, w.shape, g.shape)
+                        assert np.array_equal(w, g), (op, dtype, layout)
+                checked.append([op, dtype, layout])
+    print(json.dumps(dict(checked=checked)))
+"""
+
+
+@pytest.mark.parametrize("framework", ["paddle", "mxnet", "tensorflow", "openvino"])
+def test_bench_contenders_compute_the_same_numbers(framework):
+    import json
+    import os
+    from roicore.cli.frameworks import harness_class
+    proc = subprocess.run([sys.executable, "-c", SAME_NUMBERS, framework], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "skipped" in got:
+        if os.environ.get("ROICORE_REQUIRE_FRAMEWORKS", "") not in ("", "0"):
+            pytest.fail(f"{framework} required but not importable: {got['skipped']}")
+        pytest.skip(got["skipped"])
+    h = harness_class(framework)
+    assert sorted(map(tuple, got["checked"])) == sorted(
+        (op, dt, layout) for op, dts in h.parity_claims.items() for dt in dts
+        for layout in h.layouts)

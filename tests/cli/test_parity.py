@@ -1,0 +1,105 @@
+"""`roicore parity`, run as a user would: every installed framework against roicore."""
+import json
+
+import numpy as np
+import pytest
+
+from cli_run import check_skips, roicore
+
+
+@pytest.fixture(scope="module")
+def parity_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("parity") / "report.json"
+    proc = roicore("parity", "--cases", "2", "--json", str(out))
+    report = json.loads(out.read_text()) if out.exists() else None
+    return proc, report
+
+
+def test_parity_short_run(parity_run):
+    proc, report = parity_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "conventions compared on the same inputs" in proc.stdout
+    assert "bit-exact" in proc.stdout and "MISMATCH" not in proc.stdout
+    assert report["ok"] is True and report["command"] == "parity"
+    ran, skipped = check_skips(report["frameworks"])
+    if not ran:
+        pytest.skip(f"no framework installed: {skipped}")
+    # every installed framework gives a row for each (operator, dtype) its adapter claims
+    claims = {"paddle": {(op, dt) for op in ("roi_pool", "psroi_pool", "roi_align")
+                         for dt in ("float32", "float64")},
+              "mxnet": {(op, dt) for op in ("roi_pool", "psroi_pool", "roi_align")
+                        for dt in ("float32", "float64")},
+              "tensorflow": {("roi_pool_bilinear", "float32")},
+              "openvino": {("roi_pool", "float32"), ("roi_pool_bilinear", "float32")}}
+    for fw in ran:
+        rows = {(r["operator"], r["dtype"]): r for r in report["results"] if r["framework"] == fw}
+        assert set(rows) == claims[fw], fw
+        for r in rows.values():
+            assert r["cases"] > 0 and r["bit_exact"] and r["mismatches"] == 0, r
+            assert r["elements"] > 0
+            if fw != "openvino":
+                assert r["grad_mismatches"] == 0 and r["grad_elements"] > 0, r
+    for name in skipped:
+        assert "SKIPPED" in proc.stdout and name in proc.stdout
+    # conventions table: roicore alone, shows the known disagreements
+    conv = {(c["operator"], c["dtype"], c["a"], c["b"]): c for c in report["conventions"]}
+    assert conv[("roi_pool", "float64", "mxnet", "paddle")]["mismatches"] > 0   # float32 bins
+    assert conv[("roi_pool", "float32", "mxnet", "paddle")]["mismatches"] == 0
+    assert conv[("roi_align", "float32", "mxnet", "paddle")]["mismatches"] > 0
+    assert conv[("roi_align", "float64", "mxnet", "torchvision")]["mismatches"] > 0
+    assert conv[("psroi_pool", "float64", "mxnet", "paddle")]["mismatches"] == 0
+    assert report["golden"] and all(g["ok"] for g in report["golden"])
+    assert report["suite"]["random"] == 2 * 4
+
+
+def test_parity_inputs_file(tmp_path):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 2 * 9, 20, 24)).astype(np.float32)
+    boxes = rng.uniform(0, 300, (6, 4)).astype(np.float32)
+    boxes[:, 2:] = boxes[:, :2] + rng.uniform(16, 120, (6, 2))
+    f = tmp_path / "mine.npz"
+    np.savez(f, x=x, boxes=boxes, batch_indices=np.array([1, 0, 1, 0, 0, 1]),
+             spatial_scale=1 / 16, output_size=3, sampling_ratio=2, aligned=True)
+    out = tmp_path / "r.json"
+    proc = roicore("parity", "--inputs", str(f), "--json", str(out), "--frameworks",
+                   "paddle,mxnet,tensorflow,openvino")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["inputs"]["x_shape"] == [2, 18, 20, 24] and report["inputs"]["boxes"] == 6
+    assert "rois reordered by batch index" in " ".join(report["inputs"]["notes"])
+    assert "native output" in proc.stdout
+    ran, _ = check_skips(report["frameworks"])
+    assert {r["framework"] for r in report["results"]} == set(ran)
+    for r in report["results"]:
+        assert r["dtype"] == "float32" and r["bit_exact"], r
+        d = r["details"][0]
+        assert d["native_shape"] == d["roicore_shape"] and d["native_shape"][0] == 6
+        assert d["native_dtype"] == d["roicore_dtype"] == "float32"
+    # float64 input: frameworks that only claim float32 say why they were not compared
+    np.savez(f, x=x.astype(np.float64), rois=np.hstack([np.zeros((6, 1)), boxes]),
+             spatial_scale=0.0625)
+    proc = roicore("parity", "--inputs", str(f), "--json", str(out), "--frameworks", "openvino",
+                   "--no-conventions")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    if report["frameworks"]["openvino"]["status"] == "ran":
+        assert all(r["cases"] == 0 and r["skipped"] for r in report["results"])
+
+
+@pytest.mark.parametrize("fault", ["paddle", "openvino:roi_pool"])
+def test_parity_fails_when_an_adapter_departs(fault, tmp_path):
+    fw = fault.split(":")[0]
+    out = tmp_path / "r.json"
+    proc = roicore("parity", "--cases", "0", "--frameworks", fw, "--no-conventions",
+                   "--json", str(out), env={"ROICORE_PARITY_FAULT": fault})
+    report = json.loads(out.read_text())
+    ran, skipped = check_skips(report["frameworks"])
+    if not ran:
+        pytest.skip(f"{fw} not installed: {skipped}")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "MISMATCH" in proc.stdout and "FAILED" in proc.stdout
+    bad = [r for r in report["results"] if not r["bit_exact"]]
+    assert bad and all(r["framework"] == fw for r in bad)
+    if ":" in fault:
+        assert {r["operator"] for r in bad} == {"roi_pool"}
+    assert all(r["max_abs_diff"] > 0 for r in bad)
