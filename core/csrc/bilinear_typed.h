@@ -82,17 +82,19 @@ ROICORE_CLONES static void TYPED(crop_grad_task)(const void *opv, BWD_TASK *t) {
     typedef VT VTu __attribute__((aligned(sizeof(T))));
     const CROP_OP *op = (const CROP_OP *)opv;
     const int64_t PW = op->PW, W = op->W, lanes = t->lanes, nv = lanes / LANES;
-    for (int64_t ph = 0; ph < op->PH; ++ph) {
+    for (int64_t ph = t->p0 / PW; ph <= (t->p1 - 1) / PW; ++ph) {
         const T y = op->ys[t->k * op->PH + ph];
         if (!TYPED(inside)(y, op->H)) continue;
         const int64_t top = (int64_t)floor(y), bottom = (int64_t)ceil(y);
         const T ly = y - (T)top;
-        for (int64_t pw = 0; pw < PW; ++pw) {
+        int64_t pw0, pw1;
+        roicore_task_row(t->p0, t->p1, PW, ph, &pw0, &pw1);
+        for (int64_t pw = pw0; pw < pw1; ++pw) {
             const T x = op->xs[t->k * PW + pw];
             if (!TYPED(inside)(x, W)) continue;
             const int64_t left = (int64_t)floor(x), right = (int64_t)ceil(x);
             const T lx = x - (T)left;
-            const VTu *g = (const VTu *)(t->g + (ph * PW + pw) * lanes);
+            const VTu *g = (const VTu *)(t->g + (ph * PW + pw - t->p0) * lanes);
             VTu *a = (VTu *)(t->img + (top * W + left) * lanes);
             VTu *b = (VTu *)(t->img + (top * W + right) * lanes);
             VTu *c = (VTu *)(t->img + (bottom * W + left) * lanes);

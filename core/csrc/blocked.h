@@ -16,7 +16,8 @@
  *
  * Backward (bilinear pooling, RoIAlign): one task owns one channel block of every image,
  * zeroes a per-thread (N, H, W, lanes) accumulator, walks every box in order, adding each
- * box's bins (the upstream gradient packed (bin, lane)), and finally writes its block of dx.
+ * box's bins (their upstream gradient packed (bin, lane), a chunk of bins at a time), and
+ * finally writes its block of dx.
  * So each channel receives its additions in the frameworks' serial order: no atomics, and
  * the same bits for every thread count.
  *
@@ -61,8 +62,9 @@ static inline void roicore_task_row(int64_t p0, int64_t p1, int64_t PW, int64_t 
     } roicore_fwd_job_##SFX;                                                                   \
                                                                                                \
     typedef struct {                                                                           \
-        int64_t k, c0, nb, lanes;                                                              \
-        const T *g;                /* the box's upstream gradient, (bin, lane), zero-padded */\
+        int64_t k, p0, p1;         /* the box and its bins [p0, p1), row-major */             \
+        int64_t c0, nb, lanes;                                                                 \
+        const T *g;                /* their upstream gradient, (bin, lane), zero-padded */    \
         T *img;                    /* the accumulator of image batch[k]: (H, W, lanes) */     \
         roicore_run *run;                                                                      \
     } roicore_bwd_task_##SFX;                                                                  \

@@ -200,8 +200,9 @@ int ROICORE_CAT(roicore_blocked_backward, SFX)(const BWD_JOB *job, roicore_run *
     int64_t B = BLOCK;
     if (C < B * nt) B = roicore_max64(8, roicore_round_up((C + nt - 1) / nt, 8));
     const int64_t n_cb = (C + B - 1) / B;
+    const int64_t chunk = roicore_clamp64(CHUNK_BYTES / (B * (int64_t)sizeof(T)), 1, P);
     const int64_t thread_bytes = roicore_round_up(
-        roicore_mul(roicore_mul(N, HW) + P, B * (int64_t)sizeof(T)), ROICORE_LINE);
+        roicore_mul(roicore_mul(N, HW) + chunk, B * (int64_t)sizeof(T)), ROICORE_LINE);
     if (thread_bytes < 0) return roicore_fail(err, ROICORE_ERR_MEMORY, "grad_input is too large");
     char *scratch = (char *)roicore_scratch(nt * thread_bytes + ROICORE_LINE,
                                             "the gradient's per-thread blocks", err);
@@ -217,17 +218,21 @@ int ROICORE_CAT(roicore_blocked_backward, SFX)(const BWD_JOB *job, roicore_run *
             const int64_t c0 = cb * B, nb = roicore_min64(B, C - c0);
             const int64_t lanes = ROICORE_CAT(block_lanes, SFX)(nb, B);
             T *gb = acc + N * HW * lanes;
-            memset(acc, 0, (size_t)((N * HW + P) * lanes) * sizeof(T));  /* gb's padding stays 0 */
+            memset(acc, 0, (size_t)((N * HW + chunk) * lanes) * sizeof(T));  /* gb's padding stays 0 */
             for (int64_t k = 0; k < K; ++k) {
                 const int64_t b = job->batch[k];
                 if (b < 0) continue;  /* masked */
-                if (roicore_stopping(run)) break;
-                if (nchw_g)
-                    TRANSPOSE(gdata + (k * C + c0) * P, P, nb, P, gb, lanes, 0);
-                else
-                    roicore_copy_rows(gdata + k * P * C + c0, C, P, nb, gb, lanes, nb, sizeof(T));
-                BWD_TASK t = {k, c0, nb, lanes, gb, acc + b * HW * lanes, run};
-                job->add(job->op, &t);
+                for (int64_t p0 = 0; p0 < P; p0 += chunk) {
+                    if (roicore_stopping(run)) break;
+                    const int64_t nbins = roicore_min64(chunk, P - p0);
+                    if (nchw_g)
+                        TRANSPOSE(gdata + (k * C + c0) * P + p0, P, nb, nbins, gb, lanes, 0);
+                    else
+                        roicore_copy_rows(gdata + (k * P + p0) * C + c0, C, nbins, nb, gb, lanes, nb,
+                                          sizeof(T));
+                    BWD_TASK t = {k, p0, p0 + nbins, c0, nb, lanes, gb, acc + b * HW * lanes, run};
+                    job->add(job->op, &t);
+                }
             }
             for (int64_t n = 0; n < N; ++n) {
                 if (nchw_dx)

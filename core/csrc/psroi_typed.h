@@ -280,7 +280,7 @@ static void TYPED(unstage_box)(const PLAN *c, const T *src, int64_t cell_stride,
 }
 
 #define UNSTAGE_RUN 16     /* boxes per task when the staged values move out */
-#define STAGE_BYTES (32 << 20)
+#define STAGE_BYTES (16 << 20)
 
 static int TYPED(psroi_forward)(PLAN *c, const roicore_tensor *x, const roicore_boxes *boxes,
                                 T scale, const roicore_tensor *out, roicore_run *run,

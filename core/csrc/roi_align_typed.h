@@ -73,7 +73,7 @@ ROICORE_INLINE SAMPLES TYPED(samples_at)(SAMPLES s, int64_t j) {
 }
 
 /* Everything the sample tables of a call hold.  When the tables of every box fit within
- * the output's size (or 64 MiB), they are built once per box and shared by the tasks of
+ * the output's size (or 16 MiB), they are built once per box and shared by the tasks of
  * all channel blocks; otherwise (absurd boxes, few channels) each task builds the samples
  * of the bin it pools in per-thread scratch, so memory stays bounded by the output. */
 typedef struct {
@@ -302,21 +302,23 @@ ROICORE_INLINE void TYPED(align_bin_grad)(T *img, int64_t W, int64_t lanes, int6
     }
 }
 
-/* The backward's task: box k's bins added into one block's accumulator, in (ph, pw, iy,
- * ix) order. */
+/* The backward's task: box k's bins [p0, p1) added into one block's accumulator, in (ph,
+ * pw, iy, ix) order. */
 ROICORE_CLONES static void TYPED(align_grad_task)(const void *opv, BWD_TASK *t) {
     const ALIGN_OP *op = (const ALIGN_OP *)opv;
-    const int64_t k = t->k, gy = op->ygrid[k], gx = op->xgrid[k], lanes = t->lanes;
+    const int64_t k = t->k, PW = op->PW, gy = op->ygrid[k], gx = op->xgrid[k], lanes = t->lanes;
     if (gy <= 0 || gx <= 0) return;
     const T count = (T)(gy * gx);
     const int64_t whole = (int64_t)count;
     const int pow2 = (T)whole == count && whole > 0 && (whole & (whole - 1)) == 0;
     const T inv = (T)1 / count;
-    for (int64_t ph = 0; ph < op->PH; ++ph) {
+    for (int64_t ph = t->p0 / PW; ph <= (t->p1 - 1) / PW; ++ph) {
+        int64_t pw0, pw1;
+        roicore_task_row(t->p0, t->p1, PW, ph, &pw0, &pw1);
         const SAMPLES ys = TYPED(row_samples)(op, k, ph);
-        for (int64_t pw = 0; pw < op->PW; ++pw) {
+        for (int64_t pw = pw0; pw < pw1; ++pw) {
             const SAMPLES xs = TYPED(column_samples)(op, k, pw);
-            const T *g = t->g + (ph * op->PW + pw) * lanes;
+            const T *g = t->g + (ph * PW + pw - t->p0) * lanes;
             if (lanes == ROICORE_BLOCK_VECTORS * LANES)
                 TYPED(align_bin_grad)(t->img, op->W, lanes, 0, ROICORE_BLOCK_VECTORS, ys, gy, xs,
                                       gx, g, count, pow2, inv);
@@ -346,7 +348,7 @@ static int TYPED(align_run)(int forward, const roicore_roi_align_rules *rules,
     const int64_t written = roicore_tensor_bytes(forward ? pooled : map);
     void *owned[2] = {NULL, NULL};
     int rc = TYPED(align_tables)(&op, boxes, scale, sampling_ratio, aligned, min_size_one,
-                                 roicore_max64(written, 64 << 20), run->n_threads, owned, err);
+                                 roicore_max64(written, 16 << 20), run->n_threads, owned, err);
     if (rc == ROICORE_OK) {
         if (forward) {
             const FWD_JOB job = {map, pooled, boxes->batch, NULL, ROICORE_INT32, 0, &op,
