@@ -39,7 +39,7 @@ import numpy as np
 
 from roicore import core
 from roicore.core import conventions
-from ._common import batch_indices_from_counts, require
+from ._common import batch_indices_from_counts, off_host, require
 
 paddle = require("paddle", "paddle")
 from paddle.autograd import PyLayer  # noqa: E402
@@ -65,10 +65,9 @@ def _dtype_name(t):
 
 def _to_numpy(t):
     """A NumPy view of a Paddle tensor (no copy on the CPU; read-only)."""
-    t = t.detach()
     if not t.place.is_cpu_place():
-        t = t.cpu()  # the core runs on the host: this device-to-host copy is unavoidable
-    return np.from_dlpack(t)
+        t = t.cpu()  # the core runs on the host (the device policy allowed the copy)
+    return np.from_dlpack(t.detach())
 
 
 def _needs_grad(x):
@@ -82,7 +81,7 @@ def _to_paddle(a, place):
     # capsule, which NumPy 1.x refuses with a TypeError that Paddle catches and retries
     t = _dlpack.from_dlpack(np.ascontiguousarray(a).__dlpack__())
     if not place.is_cpu_place():
-        t = paddle.to_tensor(t, place=place)  # host-to-device copy, unavoidable
+        t = t.to(place)  # back to the input's device (the device policy allowed the copy)
     return t
 
 
@@ -97,6 +96,18 @@ def _check_dynamic(op):
 def _check_tensor(t, name, op):
     if not isinstance(t, paddle.Tensor):
         raise TypeError(f"{op}: {name} must be a paddle.Tensor, got {type(t).__name__}")
+
+
+def _check_places(op, **tensors):
+    """Apply the device policy to tensors that are not on the CPU: roicore computes on the
+    host, so they are copied there and back, or refused (roicore.adapters.set_device_policy)."""
+    for name, t in tensors.items():
+        place = t.place
+        if not place.is_cpu_place():
+            device = str(place)
+            if device.startswith("Place(") and device.endswith(")"):
+                device = device[len("Place("):-1]  # "gpu:0"
+            off_host("paddle", f"{name} of {op}", device)
 
 
 def _check_inputs(op, x, boxes, boxes_num):
@@ -119,6 +130,7 @@ def _check_inputs(op, x, boxes, boxes_num):
     _check_tensor(boxes_num, "boxes_num", op)
     if boxes_num.dtype not in _COUNT_DTYPES:
         raise TypeError(f"{op}: boxes_num must be int32 or int64, got {_dtype_name(boxes_num)}")
+    _check_places(op, x=x, boxes=boxes, boxes_num=boxes_num)
     try:
         # a copy of the few counts (numpy()) costs less than a DLPack view of them
         batch = batch_indices_from_counts(boxes_num.numpy(), boxes.shape[0], x.shape[0])

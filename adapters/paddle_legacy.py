@@ -58,6 +58,7 @@ def _counts(op, rois, rois_num, lod):
         lod_counts = paddle.to_tensor(lengths.astype(np.int64))
         if rois_num is not None:
             _modern._check_tensor(rois_num, "rois_num", op)
+            _modern._check_places(op, rois_num=rois_num)
             given = _modern._to_numpy(rois_num)
             if given.shape != lengths.shape or not np.array_equal(given, lengths):
                 raise ValueError(f"{op}: rois_num {given.tolist()} and the LoD lengths "
