@@ -26,8 +26,13 @@ when a plane has 2**31 pixels or more).
 Copies: on the CPU, ``x``, ``boxes``, ``boxes_num`` and the upstream gradient are viewed
 through DLPack (``np.from_dlpack``, no copy; the core accepts read-only and strided
 arrays, and copies only what is not C-contiguous), and results are handed back with
-``paddle.utils.dlpack.from_dlpack`` (no copy).  Tensors on another device are copied to
-the host and the result copied back to the input's place (unavoidable: the core is CPU).
+``paddle.utils.dlpack.from_dlpack`` (no copy).
+
+Tensors on a GPU or another device: roicore computes on the CPU.  By default they are
+copied to the host and the results copied back to the input's place, with a
+``roicore.adapters.DeviceCopyWarning`` the first time for each device;
+``roicore.adapters.set_device_policy("error")`` (or ``ROICORE_DEVICE_POLICY=error``)
+refuses them with a ValueError that names the argument and its device.
 
 The adapter does no arithmetic of its own: it converts, calls roicore.core, converts back.
 """
@@ -241,27 +246,124 @@ def _roi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, *, n_threads=
 
 
 def roi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, name=None, *, n_threads=None):
-    """RoI max pooling, as ``paddle.vision.ops.roi_pool``.
+    """RoI max pooling (Fast R-CNN), a drop-in replacement for
+    ``paddle.vision.ops.roi_pool``.
 
-    x : Tensor [N, C, H, W], float32 or float64
-    boxes : Tensor [num_boxes, 4] of [x1, y1, x2, y2], x's dtype, grouped by image
-    boxes_num : Tensor [N], int32 (or int64): boxes per image, summing to num_boxes
-    output_size : int or (h, w)
-    spatial_scale : float, feature size over image size
-    name : ignored (Paddle's naming hook)
-    n_threads : OpenMP threads for the core (None: OMP_NUM_THREADS / all CPUs)
+    Each box is scaled by ``spatial_scale`` and rounded to whole feature-map pixels,
+    divided into output_size bins, and each bin takes the maximum of its pixels (0 for a
+    bin that covers none).  Outputs and the gradient of ``x`` are bit-identical to Paddle's
+    CPU kernel; ``boxes`` and ``boxes_num`` get no gradient, as in Paddle.
 
-    Returns a [num_boxes, C, h, w] tensor of x's dtype on x's place.
+    Args:
+        x (Tensor): Input feature, a 4-D Tensor of shape [N, C, H, W]: batch size, channels,
+            height, width.  The data type is float32 or float64.
+        boxes (Tensor): Boxes (RoIs, Regions of Interest) to pool over, a 2-D Tensor of
+            shape [num_boxes, 4] and the data type of ``x``, given as [[x1, y1, x2, y2], ...]
+            in input-image coordinates: (x1, y1) the top left corner, (x2, y2) the bottom
+            right one.  The boxes of image 0 come first, then those of image 1, and so on.
+        boxes_num (Tensor): The number of boxes of each image, a 1-D Tensor of shape [N],
+            int32 or int64; the counts sum to num_boxes.
+        output_size (int|tuple[int, int]|list[int]): The pooled output size (h, w).  If
+            int, h and w are both equal to output_size.
+        spatial_scale (float, optional): Multiplicative spatial scale factor that maps box
+            coordinates to feature-map coordinates (the feature map's size over the input
+            image's).  Default: 1.0.
+        name (str|None, optional): Accepted for signature compatibility with Paddle and
+            unused.  Default: None.
+        n_threads (int|None, optional): Keyword-only.  The number of OpenMP threads the
+            computation may use: None uses ``OMP_NUM_THREADS`` or every CPU, a negative n
+            all CPUs but ``|n| - 1``.  Results never depend on it.  Default: None.
+
+    Returns:
+        Tensor: The pooled feature, a 4-D Tensor of shape [num_boxes, C, h, w] with the
+        data type of ``x``.
+
+    Differences from ``paddle.vision.ops.roi_pool``, all on input Paddle does not check:
+
+    - ``boxes_num`` must have one count per image and sum to num_boxes (Paddle reads or
+      writes out of bounds when the sum is wrong); negative counts are refused; int64
+      counts are accepted.
+    - Coordinates must be finite and, once scaled, within 2**24 pixels of the origin;
+      otherwise a ValueError names ``boxes`` (Paddle converts them to integer pixel
+      indices whatever they are).
+
+    Examples:
+        .. code-block:: pycon
+
+            >>> import paddle
+            >>> from roicore.adapters.paddle import roi_pool
+
+            >>> x = paddle.arange(32, dtype='float32').reshape([1, 2, 4, 4])
+            >>> boxes = paddle.to_tensor([[0.0, 0.0, 3.0, 3.0], [1.0, 1.0, 2.0, 2.0]])
+            >>> boxes_num = paddle.to_tensor([2], dtype='int32')
+            >>> pool_out = roi_pool(x, boxes, boxes_num, output_size=2)
+            >>> print(list(pool_out.shape))
+            [2, 2, 2, 2]
+            >>> print(pool_out[0, 0].numpy())
+            [[ 5.  7.]
+             [13. 15.]]
     """
     return _roi_pool(x, boxes, boxes_num, output_size, spatial_scale, n_threads=n_threads)
 
 
 def psroi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, name=None, *,
                n_threads=None):
-    """Position-sensitive RoI average pooling (R-FCN), as ``paddle.vision.ops.psroi_pool``.
+    """Position-sensitive RoI average pooling (R-FCN), a drop-in replacement for
+    ``paddle.vision.ops.psroi_pool``.
 
-    x must have ``D * h * w`` channels; the result is [num_boxes, D, h, w].  Other
-    arguments as :func:`roi_pool`.  ``D == 1`` is allowed (Paddle refuses it).
+    ``x`` holds ``D * h * w`` channels: output channel d of bin (i, j) averages input
+    channel ``(d * h + i) * w + j`` over the bin (0 for a bin that covers no pixel).
+    Outputs and the gradient of ``x`` are bit-identical to Paddle's CPU kernel; ``boxes``
+    and ``boxes_num`` get no gradient, as in Paddle.
+
+    Args:
+        x (Tensor): Input feature, a 4-D Tensor of shape [N, C, H, W]: batch size, channels,
+            height, width.  C must be a multiple of h * w; float32 or float64.
+        boxes (Tensor): Boxes (RoIs, Regions of Interest) to pool over, a 2-D Tensor of
+            shape [num_boxes, 4] and the data type of ``x``, given as [[x1, y1, x2, y2], ...]
+            in input-image coordinates: (x1, y1) the top left corner, (x2, y2) the bottom
+            right one.  The boxes of image 0 come first, then those of image 1, and so on.
+        boxes_num (Tensor): The number of boxes of each image, a 1-D Tensor of shape [N],
+            int32 or int64; the counts sum to num_boxes.
+        output_size (int|tuple[int, int]|list[int]): The pooled output size (h, w).  If
+            int, h and w are both equal to output_size.
+        spatial_scale (float, optional): Multiplicative spatial scale factor that maps box
+            coordinates to feature-map coordinates (the feature map's size over the input
+            image's).  Default: 1.0.
+        name (str|None, optional): Accepted for signature compatibility with Paddle and
+            unused.  Default: None.
+        n_threads (int|None, optional): Keyword-only.  The number of OpenMP threads the
+            computation may use: None uses ``OMP_NUM_THREADS`` or every CPU, a negative n
+            all CPUs but ``|n| - 1``.  Results never depend on it.  Default: None.
+
+    Returns:
+        Tensor: The pooled feature, a 4-D Tensor of shape [num_boxes, C / (h * w), h, w]
+        with the data type of ``x``.
+
+    Differences from ``paddle.vision.ops.psroi_pool``:
+
+    - One output channel (``C == h * w``) is computed like any other count; Paddle
+      refuses it ("The pooled output channels must greater than 1"), though the operator
+      is well defined there.
+    - int64 ``boxes_num`` is accepted.
+    - Coordinates must be finite and, once scaled, within 2**24 pixels of the origin;
+      otherwise a ValueError names ``boxes``.
+
+    Examples:
+        .. code-block:: pycon
+
+            >>> import paddle
+            >>> from roicore.adapters.paddle import psroi_pool
+
+            >>> x = paddle.arange(128, dtype='float32').reshape([1, 8, 4, 4])
+            >>> boxes = paddle.to_tensor([[0.0, 0.0, 3.0, 3.0], [1.0, 1.0, 2.0, 2.0]])
+            >>> boxes_num = paddle.to_tensor([2], dtype='int32')
+            >>> pool_out = psroi_pool(x, boxes, boxes_num, output_size=2)
+            >>> print(list(pool_out.shape))
+            [2, 2, 2, 2]
+            >>> print(pool_out[0, 0].numpy())
+            [[ 2.5 20.5]
+             [42.5 60.5]]
     """
     op = "psroi_pool"
     output_size = _size(output_size, op)
@@ -271,12 +373,72 @@ def psroi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, name=None, *
 
 def roi_align(x, boxes, boxes_num, output_size, spatial_scale=1.0, sampling_ratio=-1,
               aligned=True, name=None, *, n_threads=None):
-    """RoIAlign, as ``paddle.vision.ops.roi_align`` (note the default ``aligned=True``).
+    """RoIAlign (Mask R-CNN), a drop-in replacement for ``paddle.vision.ops.roi_align``.
 
-    sampling_ratio : samples per bin and axis; -1 or 0 for ``ceil(bin size)``
-    aligned : shift boxes by -0.5 pixel (Detectron2).  As in Paddle, an aligned box of
-        size <= 0 with adaptive sampling gives NaN.
-    Other arguments as :func:`roi_pool`.
+    Each bin averages a regular grid of bilinearly interpolated samples of ``x``; box
+    coordinates are not rounded.  Outputs and the gradient of ``x`` are bit-identical to
+    Paddle's CPU kernels; ``boxes`` and ``boxes_num`` get no gradient, as in Paddle.
+
+    Args:
+        x (Tensor): Input feature, a 4-D Tensor of shape [N, C, H, W]: batch size, channels,
+            height, width.  The data type is float32 or float64.
+        boxes (Tensor): Boxes (RoIs, Regions of Interest) to pool over, a 2-D Tensor of
+            shape [num_boxes, 4] and the data type of ``x``, given as [[x1, y1, x2, y2], ...]
+            in input-image coordinates: (x1, y1) the top left corner, (x2, y2) the bottom
+            right one.  The boxes of image 0 come first, then those of image 1, and so on.
+        boxes_num (Tensor): The number of boxes of each image, a 1-D Tensor of shape [N],
+            int32 or int64; the counts sum to num_boxes.
+        output_size (int|tuple[int, int]|list[int]): The pooled output size (h, w).  If
+            int, h and w are both equal to output_size.
+        spatial_scale (float, optional): Multiplicative spatial scale factor that maps box
+            coordinates to feature-map coordinates (the feature map's size over the input
+            image's).  Default: 1.0.
+        sampling_ratio (int, optional): The number of sampling points per bin along each
+            axis.  If > 0, exactly ``sampling_ratio * sampling_ratio`` points are used; if
+            -1 or 0, ``ceil(box size / output size)`` along each axis.  Default: -1.
+        aligned (bool, optional): If True, shift the scaled box by -0.5 pixel so that
+            pixel centres sit at half-integers (Detectron2).  If False, the legacy
+            Mask R-CNN mapping.  Default: True, as in Paddle (other frameworks default to
+            False).
+        name (str|None, optional): Accepted for signature compatibility with Paddle and
+            unused.  Default: None.
+        n_threads (int|None, optional): Keyword-only.  The number of OpenMP threads the
+            computation may use: None uses ``OMP_NUM_THREADS`` or every CPU, a negative n
+            all CPUs but ``|n| - 1``.  Results never depend on it.  Default: None.
+
+    Returns:
+        Tensor: The pooled feature, a 4-D Tensor of shape [num_boxes, C, h, w] with the
+        data type of ``x``.
+
+    Differences from ``paddle.vision.ops.roi_align``:
+
+    - ``boxes_num`` must have one count per image and sum to num_boxes (Paddle reads or
+      writes out of bounds when the sum is wrong); negative counts are refused; int64
+      counts are accepted in the forward and backward passes.
+    - With ``aligned=True`` and adaptive sampling, a box of zero size gives NaN, as in
+      Paddle; a reversed box (x2 < x1 or y2 < y1) gives NaN too, where Paddle's kernel
+      aborts the process.
+    - Coordinates must be finite and, once scaled, within 2**24 pixels of the origin;
+      otherwise a ValueError names ``boxes``.
+
+    Examples:
+        .. code-block:: pycon
+
+            >>> import paddle
+            >>> from roicore.adapters.paddle import roi_align
+
+            >>> x = paddle.arange(32, dtype='float32').reshape([1, 2, 4, 4])
+            >>> boxes = paddle.to_tensor([[0.0, 0.0, 3.0, 3.0], [1.0, 1.0, 2.0, 2.0]])
+            >>> boxes_num = paddle.to_tensor([2], dtype='int32')
+            >>> align_out = roi_align(x, boxes, boxes_num, output_size=2)
+            >>> print(list(align_out.shape))
+            [2, 2, 2, 2]
+            >>> print(align_out[0, 0].numpy())
+            [[1.5625 3.    ]
+             [7.3125 8.75  ]]
+            >>> print(roi_align(x, boxes, boxes_num, 2, sampling_ratio=2, aligned=False)[0, 0].numpy())
+            [[ 3.75  5.25]
+             [ 9.75 11.25]]
     """
     op = "roi_align"
     output_size = _size(output_size, op)
@@ -292,8 +454,34 @@ def roi_align(x, boxes, boxes_num, output_size, spatial_scale=1.0, sampling_rati
 # --------------------------------------------------------------------------- layers
 
 class RoIPool(paddle.nn.Layer):
-    """``paddle.vision.ops.RoIPool``: ``RoIPool(output_size, spatial_scale=1.0)``, called as
-    ``layer(x, boxes, boxes_num)``."""
+    """RoI max pooling as a Layer, a drop-in replacement for ``paddle.vision.ops.RoIPool``.
+
+    Calling the layer as ``layer(x, boxes, boxes_num)`` returns
+    ``roi_pool(x, boxes, boxes_num, output_size, spatial_scale)``; see :func:`roi_pool`
+    for the arguments, the result and the differences from Paddle.  The layer has no
+    parameters.
+
+    Args:
+        output_size (int|tuple[int, int]|list[int]): The pooled output size (h, w).  If
+            int, h and w are both equal to output_size.
+        spatial_scale (float, optional): Multiplicative spatial scale factor that maps box
+            coordinates to feature-map coordinates.  Default: 1.0.
+        n_threads (int|None, optional): Keyword-only.  OpenMP threads for each call, as in
+            :func:`roi_pool`.  Default: None.
+
+    Examples:
+        .. code-block:: pycon
+
+            >>> import paddle
+            >>> from roicore.adapters.paddle import RoIPool
+
+            >>> x = paddle.rand([1, 256, 32, 32])
+            >>> boxes = paddle.to_tensor([[4.0, 4.0, 60.0, 44.0], [0.0, 8.0, 24.0, 30.0]])
+            >>> boxes_num = paddle.to_tensor([2], dtype='int32')
+            >>> roi_pool = RoIPool(output_size=(4, 3), spatial_scale=0.5)
+            >>> print(list(roi_pool(x, boxes, boxes_num).shape))
+            [2, 256, 4, 3]
+    """
 
     def __init__(self, output_size, spatial_scale=1.0, *, n_threads=None):
         super().__init__()
@@ -302,6 +490,7 @@ class RoIPool(paddle.nn.Layer):
         self._n_threads = n_threads
 
     def forward(self, x, boxes, boxes_num):
+        """Pool ``x`` over ``boxes``; see :func:`roi_pool`."""
         return roi_pool(x, boxes, boxes_num, self._output_size, self._spatial_scale,
                         n_threads=self._n_threads)
 
@@ -310,8 +499,36 @@ class RoIPool(paddle.nn.Layer):
 
 
 class PSRoIPool(paddle.nn.Layer):
-    """``paddle.vision.ops.PSRoIPool``: ``PSRoIPool(output_size, spatial_scale=1.0)``, called
-    as ``layer(x, boxes, boxes_num)``."""
+    """Position-sensitive RoI pooling as a Layer, a drop-in replacement for
+    ``paddle.vision.ops.PSRoIPool``.
+
+    Calling the layer as ``layer(x, boxes, boxes_num)`` returns
+    ``psroi_pool(x, boxes, boxes_num, output_size, spatial_scale)``; see
+    :func:`psroi_pool` for the arguments, the result and the differences from Paddle.  The
+    layer has no parameters.
+
+    Args:
+        output_size (int|tuple[int, int]|list[int]): The pooled output size (h, w).  If
+            int, h and w are both equal to output_size.
+        spatial_scale (float, optional): Multiplicative spatial scale factor that maps box
+            coordinates to feature-map coordinates.  Default: 1.0.
+        n_threads (int|None, optional): Keyword-only.  OpenMP threads for each call, as in
+            :func:`psroi_pool`.  Default: None.
+
+    Examples:
+        .. code-block:: pycon
+
+            >>> import paddle
+            >>> from roicore.adapters.paddle import PSRoIPool
+
+            >>> x = paddle.rand([2, 490, 28, 28])
+            >>> boxes = paddle.to_tensor([[1.0, 5.0, 8.0, 10.0], [4.0, 2.0, 6.0, 7.0],
+            ...                           [12.0, 12.0, 19.0, 21.0]])
+            >>> boxes_num = paddle.to_tensor([1, 2], dtype='int32')
+            >>> psroi_pool = PSRoIPool(output_size=7)
+            >>> print(list(psroi_pool(x, boxes, boxes_num).shape))
+            [3, 10, 7, 7]
+    """
 
     def __init__(self, output_size, spatial_scale=1.0, *, n_threads=None):
         super().__init__()
@@ -320,6 +537,7 @@ class PSRoIPool(paddle.nn.Layer):
         self._n_threads = n_threads
 
     def forward(self, x, boxes, boxes_num):
+        """Pool ``x`` over ``boxes``; see :func:`psroi_pool`."""
         return psroi_pool(x, boxes, boxes_num, self.output_size, self.spatial_scale,
                           n_threads=self._n_threads)
 
@@ -328,8 +546,37 @@ class PSRoIPool(paddle.nn.Layer):
 
 
 class RoIAlign(paddle.nn.Layer):
-    """``paddle.vision.ops.RoIAlign``: ``RoIAlign(output_size, spatial_scale=1.0)``, called
-    as ``layer(x, boxes, boxes_num, aligned=True)`` (sampling_ratio is -1, as in Paddle)."""
+    """RoIAlign as a Layer, a drop-in replacement for ``paddle.vision.ops.RoIAlign``.
+
+    Calling the layer as ``layer(x, boxes, boxes_num, aligned=True)`` returns
+    ``roi_align(x, boxes, boxes_num, output_size, spatial_scale, sampling_ratio=-1,
+    aligned=aligned)``: as in Paddle, the layer always samples adaptively and takes
+    ``aligned`` at call time.  See :func:`roi_align` for the arguments, the result and the
+    differences from Paddle.  The layer has no parameters.
+
+    Args:
+        output_size (int|tuple[int, int]|list[int]): The pooled output size (h, w).  If
+            int, h and w are both equal to output_size.
+        spatial_scale (float, optional): Multiplicative spatial scale factor that maps box
+            coordinates to feature-map coordinates.  Default: 1.0.
+        n_threads (int|None, optional): Keyword-only.  OpenMP threads for each call, as in
+            :func:`roi_align`.  Default: None.
+
+    Examples:
+        .. code-block:: pycon
+
+            >>> import paddle
+            >>> from roicore.adapters.paddle import RoIAlign
+
+            >>> x = paddle.rand([1, 256, 32, 32])
+            >>> boxes = paddle.to_tensor([[4.0, 4.0, 60.0, 44.0], [0.0, 8.0, 24.0, 30.0]])
+            >>> boxes_num = paddle.to_tensor([2], dtype='int32')
+            >>> roi_align = RoIAlign(output_size=(4, 3), spatial_scale=0.5)
+            >>> print(list(roi_align(x, boxes, boxes_num).shape))
+            [2, 256, 4, 3]
+            >>> print(list(roi_align(x, boxes, boxes_num, aligned=False).shape))
+            [2, 256, 4, 3]
+    """
 
     def __init__(self, output_size, spatial_scale=1.0, *, n_threads=None):
         super().__init__()
@@ -338,6 +585,7 @@ class RoIAlign(paddle.nn.Layer):
         self._n_threads = n_threads
 
     def forward(self, x, boxes, boxes_num, aligned=True):
+        """Pool ``x`` over ``boxes``; see :func:`roi_align`."""
         return roi_align(x, boxes, boxes_num, self._output_size, self._spatial_scale,
                          aligned=aligned, n_threads=self._n_threads)
 
