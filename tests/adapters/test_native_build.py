@@ -1,0 +1,164 @@
+"""roicore.adapters.native.build: the cache, the lock and the compiler of native libraries.
+
+These tests build a tiny stand-alone C++ library (no framework) into a temporary cache;
+the TensorFlow and Paddle op libraries are tested with their adapters.  A wrapper script
+set as CXX counts the compiler's runs, so "compiled once" is observed from outside the
+processes that build.
+"""
+import ctypes
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from roicore.adapters.native import build
+
+SOURCE = 'extern "C" int roicore_standin(void) { return %d; }\n'
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROICORE_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def counting_cxx(tmp_path, monkeypatch):
+    """CXX set to a script that appends a line to a file on every compile (not on
+    --version), then runs the real compiler; returns a function giving the count."""
+    real = build.find_compiler()
+    runs = tmp_path / "runs"
+    script = tmp_path / "cxx"
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        [ "$1" = "--version" ] || echo run >> {runs}
+        exec {' '.join(real)} "$@"
+        """))
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("CXX", str(script))
+    return lambda: len(runs.read_text().splitlines()) if runs.exists() else 0
+
+
+def standin(tmp_path, value=42, name="src.cc"):
+    src = tmp_path / name
+    src.write_text(SOURCE % value)
+    return src
+
+
+def build_standin(src, **kw):
+    return build.build_shared_library("standin", [src], key={"framework": "none"},
+                                      purpose="the stand-in library", **kw)
+
+
+def call(path):
+    return ctypes.CDLL(str(path)).roicore_standin()
+
+
+def test_builds_once_and_reuses_the_cached_library(tmp_path, cache, counting_cxx):
+    src = standin(tmp_path)
+    path = build_standin(src)
+    assert path.parent.parent == cache and path.name == "libstandin" + build.LIBRARY_SUFFIX
+    assert call(path) == 42 and counting_cxx() == 1
+    assert build_standin(src) == path and counting_cxx() == 1
+    assert (path.parent / "key.json").exists() and "exit status 0" in (
+        path.parent / "build.log").read_text()
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_changed_source_key_or_flag_builds_afresh(tmp_path, cache, counting_cxx):
+    src = standin(tmp_path)
+    first = build_standin(src)
+    src.write_text(SOURCE % 7)
+    second = build_standin(src)
+    assert second != first and call(second) == 7
+    third = build.build_shared_library("standin", [src], key={"framework": "other"})
+    fourth = build_standin(src, compile_args=["-DUNUSED=1"])
+    assert len({first, second, third, fourth}) == 4 and counting_cxx() == 4
+    assert call(first) == 42  # the earlier build is still there, untouched
+
+
+def test_concurrent_processes_compile_once(tmp_path, cache, counting_cxx):
+    src = standin(tmp_path)
+    script = textwrap.dedent(f"""
+        from roicore.adapters.native import build
+        print(build.build_shared_library("standin", [{str(src)!r}], key={{"framework": "none"}}))
+        """)
+    procs = [subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err for _, err in outs]
+    paths = {out.strip() for out, _ in outs}
+    assert len(paths) == 1 and counting_cxx() == 1
+    assert call(paths.pop()) == 42
+
+
+def test_no_compiler_is_a_clear_error(tmp_path, cache, monkeypatch):
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH with no compiler on it
+    with pytest.raises(build.NativeBuildError, match=r"needs a C\+\+ compiler to build the "
+                       r"stand-in library, and found none: CXX is not set and none of c\+\+, "
+                       r"g\+\+, clang\+\+ is on PATH"):
+        build_standin(standin(tmp_path))
+    monkeypatch.setenv("CXX", "no-such-compiler --flag")
+    with pytest.raises(build.NativeBuildError, match=r"CXX='no-such-compiler --flag' names no "
+                                                      "program"):
+        build_standin(standin(tmp_path))
+
+
+def test_a_failing_compile_quotes_the_compiler_and_leaves_no_library(tmp_path, cache):
+    src = tmp_path / "broken.cc"
+    src.write_text("int roicore_standin( { return 1; }\n")
+    with pytest.raises(build.NativeBuildError) as info:
+        build_standin(src)
+    message = str(info.value)
+    assert "could not compile the stand-in library" in message
+    assert "broken.cc" in message and "error" in message  # the compiler's own diagnostic
+    assert "full log:" in message
+    directory = next(cache.iterdir())
+    assert not [p.name for p in directory.iterdir() if p.suffix == build.LIBRARY_SUFFIX]
+    # fixing the source builds it
+    src.write_text(SOURCE % 3)
+    assert call(build_standin(src)) == 3
+
+
+def test_cache_root_follows_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("ROICORE_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert build.cache_root() == tmp_path / "xdg" / "roicore"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert build.cache_root() == tmp_path / "home" / ".cache" / "roicore"
+    monkeypatch.setenv("ROICORE_CACHE_DIR", str(tmp_path / "mine"))
+    assert build.cache_root() == tmp_path / "mine"
+
+
+def test_the_lock_excludes_other_processes(tmp_path):
+    """While one process holds a directory's lock, another waits for it."""
+    script = textwrap.dedent(f"""
+        import time
+        from roicore.adapters.native import build
+        start = time.monotonic()
+        with build.locked({str(tmp_path)!r}):
+            print(time.monotonic() - start)
+        """)
+    with build.locked(tmp_path):
+        proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                text=True)
+        try:
+            proc.wait(timeout=2)
+            waited = False
+        except subprocess.TimeoutExpired:
+            waited = True
+    out, _ = proc.communicate(timeout=60)
+    assert waited and proc.returncode == 0 and float(out) > 1.5
+
+
+def test_importing_the_builder_imports_no_framework():
+    code = ("import sys; import roicore.adapters.native.build; "
+            "print(sorted(m for m in ('tensorflow', 'paddle', 'mxnet', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ}, check=True).stdout
+    assert out.strip() == "[]"
