@@ -151,7 +151,10 @@ def extensions():
 
 setup(
     package_dir={"roicore.core": "core", "roicore.adapters": "adapters", "roicore.cli": "cli"},
-    packages=["roicore.core", "roicore.adapters", "roicore.cli", "roicore.cli.frameworks"],
+    packages=["roicore.core", "roicore.adapters", "roicore.adapters.native", "roicore.cli",
+              "roicore.cli.frameworks"],
+    # the native op libraries are compiled on the user's machine, from these sources
+    package_data={"roicore.adapters.native": ["*.cc", "*.h"]},
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExt},
 )

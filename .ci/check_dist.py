@@ -1,7 +1,8 @@
 """Check the built wheel and sdist: the wheel ships the compiled binding, the Python files,
 and the C library for native ops (roicore/core/include/roicore.h, roicore/core/lib/
-libroicore.a) but no other sources; the sdist ships the C and Cython sources, headers and
-tests, and no generated C or binaries."""
+libroicore.a) with the native op libraries' C++ (compiled on the user's machine against the
+installed framework) but no other sources; the sdist ships the C and Cython sources,
+headers and tests, and no generated C or binaries."""
 import sys
 import tarfile
 import zipfile
@@ -13,10 +14,11 @@ def main(wheel, sdist):
     assert any(n.startswith("roicore/cli/_bandwidth") and n.endswith(".so") for n in names), names
     for needed in ("roicore/core/ops.py", "roicore/adapters/__init__.py",
                    "roicore/cli/frameworks/__init__.py", "roicore/core/include/roicore.h",
-                   "roicore/core/lib/libroicore.a"):
+                   "roicore/core/lib/libroicore.a", "roicore/adapters/native/build.py"):
         assert needed in names, f"wheel lacks {needed}"
     leaked = [n for n in names if n.endswith((".pyx", ".pxd", ".pxi", ".c", ".h"))
-              and n != "roicore/core/include/roicore.h"]
+              and n != "roicore/core/include/roicore.h"
+              and not n.startswith("roicore/adapters/native/")]
     assert not leaked, f"wheel carries sources: {leaked}"
     members = [m.split("/", 1)[1] for m in tarfile.open(sdist).getnames() if "/" in m]
     for needed in ("core/_binding.pyx", "core/csrc/roicore.h", "core/csrc/roi_align.c",
