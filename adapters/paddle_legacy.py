@@ -58,6 +58,9 @@ def _counts(op, rois, rois_num, lod):
         lod_counts = paddle.to_tensor(lengths.astype(np.int64))
         if rois_num is not None:
             _modern._check_tensor(rois_num, "rois_num", op)
+            if not paddle.in_dynamic_mode():
+                raise ValueError(f"{op}: give rois_num or lod, not both, in a static program "
+                                 "(their values cannot be compared before it runs)")
             _modern._check_places(op, rois_num=rois_num)
             given = _modern._to_numpy(rois_num)
             if given.shape != lengths.shape or not np.array_equal(given, lengths):
@@ -77,6 +80,7 @@ def _int(value, name, op):
     return int(value)
 
 
+@_modern._graph_ready
 def roi_pool(input, rois, pooled_height=1, pooled_width=1, spatial_scale=1.0, rois_num=None,
              name=None, *, lod=None, return_argmax=False, n_threads=None):
     """RoI max pooling with the signature of fluid's ``paddle.fluid.layers.roi_pool``.
@@ -145,6 +149,7 @@ def roi_pool(input, rois, pooled_height=1, pooled_width=1, spatial_scale=1.0, ro
                              op=op, return_argmax=bool(return_argmax))
 
 
+@_modern._graph_ready
 def psroi_pool(input, rois, output_channels, spatial_scale, pooled_height, pooled_width,
                name=None, *, rois_num=None, lod=None, n_threads=None):
     """Position-sensitive RoI pooling with the signature of fluid's
@@ -204,5 +209,5 @@ def psroi_pool(input, rois, output_channels, spatial_scale, pooled_height, poole
     ph = _int(pooled_height, "pooled_height", op)
     pw = _int(pooled_width, "pooled_width", op)
     counts = _counts(op, rois, rois_num, lod)
-    b, batch = _modern._check_inputs(op, input, rois, counts)
-    return _modern._psroi_pool(input, b, batch, (ph, pw), spatial_scale, d, n_threads)
+    return _modern._psroi_pool(input, rois, counts, (ph, pw), spatial_scale, d,
+                               n_threads=n_threads, op=op)

@@ -1,9 +1,11 @@
 """One rank of the paddle.DataParallel test (run by test_paddle_models.py, two at a time,
 with Paddle's PADDLE_* / MASTER_* environment set).
 
-    python paddle_dp_worker.py OUT_DIR STEPS
+    python paddle_dp_worker.py OUT_DIR STEPS PATH
 
-For each RoI op, trains the detection head of paddle_heads on roicore.adapters.paddle,
+For each RoI op, trains the detection head of paddle_heads on roicore.adapters.paddle
+(computing on PATH: "native", its Paddle operators, or "numpy"; the caller sets
+ROICORE_NATIVE_OPS to match),
 wrapped in paddle.DataParallel (gloo), on this rank's image for STEPS SGD steps, and saves
 every step's gradients and the final weights to OUT_DIR/rank<R>.npz.
 """
@@ -19,7 +21,8 @@ from roicore.adapters import paddle as rp
 from paddle_heads import OPS, build_head, head_batch
 
 
-def main(out_dir, steps):
+def main(out_dir, steps, path):
+    assert (rp._operators() is not None) == (path == "native"), (path, rp._native_unavailable)
     dist.init_parallel_env()
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == 2, world
@@ -42,4 +45,4 @@ def main(out_dir, steps):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3])

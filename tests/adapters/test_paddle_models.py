@@ -35,7 +35,7 @@ def _bits(t):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("op", OPS)
-def test_swap_the_import_gives_the_same_training_run(op, dtype):
+def test_swap_the_import_gives_the_same_training_run(op, dtype, paddle_path):
     """The same detection head (convolution, RoI op, linear layer, cross-entropy) trained
     with SGD for 5 steps, once on paddle.vision.ops and once on roicore.adapters.paddle,
     from the same initial weights: the loss and every weight are bit-identical after every
@@ -83,9 +83,10 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _run_ranks(out_dir):
-    """Run paddle_dp_worker.py as ranks 0 and 1 of a gloo group; returns their outputs.
-    Both are killed (with anything they started) if they outlive DP_TIMEOUT."""
+def _run_ranks(out_dir, path):
+    """Run paddle_dp_worker.py as ranks 0 and 1 of a gloo group, computing on ``path``;
+    returns their outputs.  Both are killed (with anything they started) if they outlive
+    DP_TIMEOUT."""
     port = _free_port()
     here = pathlib.Path(__file__).resolve().parent
     procs = []
@@ -94,9 +95,11 @@ def _run_ranks(out_dir):
                    PADDLE_TRAINERS_NUM="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    PADDLE_TRAINER_ENDPOINTS=f"127.0.0.1:{port},127.0.0.1:{port + 1}",
                    PADDLE_CURRENT_ENDPOINT=f"127.0.0.1:{port + rank}", OMP_NUM_THREADS="1",
+                   ROICORE_NATIVE_OPS="1" if path == "native" else "0",
                    PYTHONPATH=os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]))
         procs.append(subprocess.Popen(
-            [sys.executable, str(here / "paddle_dp_worker.py"), str(out_dir), str(DP_STEPS)],
+            [sys.executable, str(here / "paddle_dp_worker.py"), str(out_dir), str(DP_STEPS),
+             path],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True))
     outputs = []
@@ -115,7 +118,7 @@ def _run_ranks(out_dir):
     return [np.load(out_dir / f"rank{rank}.npz") for rank in range(2)]
 
 
-def test_data_parallel_gradients_match_one_process(tmp_path):
+def test_data_parallel_gradients_match_one_process(tmp_path, paddle_path):
     """paddle.DataParallel over two CPU processes (gloo), one image each, gives the
     gradients and weights of a single process that sees both images.
 
@@ -124,7 +127,7 @@ def test_data_parallel_gradients_match_one_process(tmp_path):
     bit (halving is exact, and a sum of two floats does not depend on their order), so
     every step is compared exactly; a step on the whole batch at once is compared to
     rounding."""
-    ranks = _run_ranks(tmp_path)
+    ranks = _run_ranks(tmp_path, paddle_path)
     for op in OPS:
         model = build_head(rp, op, seed=3)
         opt = paddle.optimizer.SGD(learning_rate=0.5, parameters=model.parameters())
