@@ -208,14 +208,15 @@ def _check_tensors(op, x, boxes, boxes_num):
     """Checks of what every mode knows before running: types, ranks, dtypes."""
     _check_tensor(x, "x", op)
     _check_tensor(boxes, "boxes", op)
-    if x.ndim != 4:
-        raise ValueError(f"{op}: x must be a 4-D [N, C, H, W] tensor, got shape {list(x.shape)}")
-    if x.dtype not in _FLOAT_DTYPES:
+    x_shape, boxes_shape, dtype = x.shape, boxes.shape, x.dtype
+    if len(x_shape) != 4:
+        raise ValueError(f"{op}: x must be a 4-D [N, C, H, W] tensor, got shape {list(x_shape)}")
+    if dtype not in _FLOAT_DTYPES:
         raise TypeError(f"{op}: x must be float32 or float64, got {_dtype_name(x)}")
-    if boxes.ndim != 2 or boxes.shape[1] not in (4, -1):
+    if len(boxes_shape) != 2 or boxes_shape[1] not in (4, -1):
         raise ValueError(f"{op}: boxes must be a 2-D [num_boxes, 4] tensor of [x1, y1, x2, y2] "
-                         f"rows, got shape {list(boxes.shape)}")
-    if boxes.dtype != x.dtype:
+                         f"rows, got shape {list(boxes_shape)}")
+    if boxes.dtype != dtype:
         raise TypeError(f"{op}: boxes must have the dtype of x ({_dtype_name(x)}), got "
                         f"{_dtype_name(boxes)}")
     if boxes_num is None:
@@ -223,7 +224,7 @@ def _check_tensors(op, x, boxes, boxes_num):
     _check_tensor(boxes_num, "boxes_num", op)
     if boxes_num.dtype not in _COUNT_DTYPES:
         raise TypeError(f"{op}: boxes_num must be int32 or int64, got {_dtype_name(boxes_num)}")
-    if boxes_num.ndim != 1:
+    if len(boxes_num.shape) != 1:
         raise ValueError(f"{op}: boxes_num must be 1-D (one count per image), got shape "
                          f"{list(boxes_num.shape)}")
 
@@ -263,8 +264,10 @@ def _attrs(op, output_size, spatial_scale, n_threads):
     ph, pw = _size(output_size, op)
     scale = _validate.positive_scale(spatial_scale)
     _validate.held_scale(spatial_scale, float(np.float32(scale)))
+    if n_threads is None:  # the operators' 0: OMP_NUM_THREADS or every CPU
+        return ph, pw, scale, 0
     core.effective_n_threads(n_threads)  # checks it
-    return ph, pw, scale, 0 if n_threads is None else int(n_threads)
+    return ph, pw, scale, int(n_threads)
 
 
 # --------------------------------------------------------------------------- autograd

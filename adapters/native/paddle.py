@@ -29,6 +29,7 @@ from .. import _common
 from . import build
 
 paddle = _common.require("paddle", "paddle")
+from paddle.framework import in_dynamic_or_pir_mode  # noqa: E402
 
 __all__ = ["SOURCE", "LIBRARY", "library_path", "load", "run"]
 
@@ -134,10 +135,9 @@ def run(op, inputs, attrs, outputs):
 
     Dygraph and PIR programs (static mode and ``to_static`` in Paddle 3) call the operator
     through ``_C_ops._run_custom_op``; a legacy ProgramDesc gets an appended op."""
-    from paddle.framework import in_dynamic_or_pir_mode
     if in_dynamic_or_pir_mode():
         res = paddle._C_ops._run_custom_op(op, *inputs.values(), *attrs.values())
-        return list(res) if isinstance(res, (list, tuple)) else [res]
+        return res if isinstance(res, list) else list(res) if isinstance(res, tuple) else [res]
     from paddle.base.layer_helper import LayerHelper
     helper = LayerHelper(op)
     outs = {name: helper.create_variable(dtype="float32") for name in outputs}

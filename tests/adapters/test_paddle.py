@@ -600,6 +600,21 @@ def test_static_mode_needs_the_operators(numpy_path):
         paddle.disable_static()
 
 
+@pytest.mark.parametrize("full_graph", [False, True], ids=["default", "full_graph"])
+def test_to_static_needs_the_operators(full_graph, numpy_path):
+    """Without the operators, paddle.jit.to_static (either translator) stops with the
+    reason, not with a translator's internal error (the bytecode translator wraps the
+    RuntimeError in its own exception type, keeping the message)."""
+    class Net(paddle.nn.Layer):
+        def forward(self, x, b, n):
+            return rp.roi_align(x, b, n, 2)
+
+    x = tensor(np.ones((1, 2, 6, 6)), "float32")
+    b, n = tensor([[0, 0, 4, 4]], "float32"), tensor([1], "int32")
+    with pytest.raises(Exception, match="needs roicore's Paddle operators"):
+        paddle.jit.to_static(Net(), full_graph=full_graph)(x, b, n)
+
+
 def test_signatures_match_paddle():
     import inspect
 
