@@ -35,7 +35,8 @@ all the same).  Wrong input raises ValueError or TypeError naming the argument, 
 mode: in a static program or a reloaded model the operators check their inputs when they
 run and raise Paddle's ValueError with roicore's message.
 
-Copies: none on the CPU in either path (the NumPy path views tensors through DLPack).
+Copies: none for dense CPU tensors in either path (the operators read Paddle's buffers,
+the NumPy path views them through DLPack).
 
 Tensors on a GPU or another device: roicore computes on the CPU.  In dygraph they are
 copied to the host and the results copied back to the input's place, with a

@@ -6,7 +6,8 @@
   name=None)``
 
 Both compute exactly what :mod:`roicore.adapters.paddle` computes (``convention="paddle"``),
-with gradients to ``input``.
+with gradients to ``input``, through the same Paddle operators, so they work in dygraph,
+``paddle.jit.to_static``, static programs and saved models alike.
 
 Which image a RoI belongs to.  In fluid, ``rois`` was a LoDTensor of lod_level 1 whose LoD
 grouped the boxes by image, or (roi_pool) ``rois_num`` gave the counts.  Paddle 3 has no
@@ -18,7 +19,8 @@ LoD tensors in dygraph, so the grouping is passed explicitly, keyword-only:
   the first 3 boxes belong to image 0, the next 2 to image 1.  Offsets (``[[0, 3, 5]]``)
   are not accepted.
 
-Give one of them (both only if they agree).  The counts must have one entry per image and
+Give one of them (both only if they agree; in a static program, only one, since their
+values cannot be compared before it runs).  The counts must have one entry per image and
 sum to the number of boxes.
 
 Returns: the pooled tensor.  Fluid's dygraph ``roi_pool`` returned ``(out, argmax)``; pass

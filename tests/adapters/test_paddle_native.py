@@ -416,3 +416,26 @@ def test_without_a_compiler_dygraph_falls_back_and_says_why(tmp_path):
                 print("refused", "no-such-compiler" in str(exc))
         """, env=env)
     assert out.strip().splitlines()[-3:] == ["1 True True", "True", "refused True"], out
+
+
+def test_fluid_mapping_in_a_static_program():
+    """In a static program the legacy functions take rois_num or lod (a constant), not both:
+    their values cannot be compared before the program runs."""
+    img, boxes, num = batch()
+    paddle.enable_static()
+    try:
+        main = paddle.static.Program()
+        with paddle.static.program_guard(main):
+            x = paddle.static.data("x", [None, 3, 16, 16], "float32")
+            b = paddle.static.data("b", [None, 4], "float32")
+            n = paddle.static.data("n", [None], "int32")
+            by_lod = rl.roi_pool(x, b, 2, 2, 0.5, lod=[[1, 3]])
+            by_num = rl.roi_pool(x, b, 2, 2, 0.5, rois_num=n)
+            with pytest.raises(ValueError, match="give rois_num or lod, not both"):
+                rl.roi_pool(x, b, 2, 2, 0.5, rois_num=n, lod=[[1, 3]])
+        got = paddle.static.Executor(paddle.CPUPlace()).run(
+            main, feed={"x": img, "b": boxes, "n": num}, fetch_list=[by_lod, by_num])
+    finally:
+        paddle.disable_static()
+    want = native.roi_pool(*map(paddle.to_tensor, (img, boxes, num)), 2, 0.5).numpy()
+    assert np.array_equal(got[0], want) and np.array_equal(got[1], want)
