@@ -592,7 +592,8 @@ def roi_align(x, boxes, boxes_num, output_size, spatial_scale=1.0, sampling_rati
             >>> print(align_out[0, 0].numpy())
             [[1.5625 3.    ]
              [7.3125 8.75  ]]
-            >>> print(roi_align(x, boxes, boxes_num, 2, sampling_ratio=2, aligned=False)[0, 0].numpy())
+            >>> unaligned = roi_align(x, boxes, boxes_num, 2, sampling_ratio=2, aligned=False)
+            >>> print(unaligned[0, 0].numpy())
             [[ 3.75  5.25]
              [ 9.75 11.25]]
     """

@@ -173,9 +173,9 @@ def psroi_pool(input, rois, output_channels, spatial_scale, pooled_height, poole
         pooled_width (int): The pooled output width.
         name (str|None, optional): Accepted for signature compatibility and unused.
             Default: None.
-        rois_num (Tensor|None, optional): Keyword-only.  The number of RoIs of each image, a 1-D int32 or
-            int64 Tensor of shape [N] summing to num_rois.  Give ``rois_num`` or ``lod``
-            (both only if they agree).  Default: None.
+        rois_num (Tensor|None, optional): Keyword-only.  The number of RoIs of each image,
+            a 1-D int32 or int64 Tensor of shape [N] summing to num_rois.  Give ``rois_num``
+            or ``lod`` (both only if they agree).  Default: None.
         lod (list|None, optional): Keyword-only.  The LoD that fluid carried on ``rois``,
             as per-image lengths (``recursive_sequence_lengths``): ``[[3, 2]]`` or
             ``[3, 2]`` gives the first 3 RoIs to image 0 and the next 2 to image 1.  Offsets

@@ -62,6 +62,13 @@ void check(int status, const roicore_error& err, const std::string& op) {
   }
 }
 
+// Runs `c_call(&err)`, a C API call, raising its error.
+template <typename F>
+void call(const std::string& op, F&& c_call) {
+  roicore_error err;
+  check(c_call(&err), err, op);
+}
+
 // ------------------------------------------------------------------------ tensors
 
 std::string dims_text(const std::vector<int64_t>& dims) {
@@ -98,13 +105,18 @@ roicore_dtype float_dtype(const paddle::Tensor& t, const char* name, const std::
   invalid(op, std::string(name) + " must be float32 or float64, got " + dtype_text(t.dtype()));
 }
 
+// A 4-D dense host tensor as the C API's NCHW tensor.
+roicore_tensor view(const paddle::Tensor& t, roicore_dtype dtype) {
+  const auto d = t.shape();
+  return roicore_tensor{const_cast<void*>(t.data()), dtype, ROICORE_NCHW, d[0], d[1], d[2], d[3]};
+}
+
 roicore_tensor nchw(const paddle::Tensor& t, roicore_dtype dtype, const char* name,
                     const std::string& op) {
-  const auto d = t.shape();
-  if (d.size() != 4)
+  if (t.shape().size() != 4)
     invalid(op, std::string(name) + " must be a 4-D [N, C, H, W] tensor, got shape " +
-                    dims_text(d));
-  return roicore_tensor{const_cast<void*>(t.data()), dtype, ROICORE_NCHW, d[0], d[1], d[2], d[3]};
+                    dims_text(t.shape()));
+  return view(t, dtype);
 }
 
 // The checked inputs of one call: x (or the forward's x for a gradient), its boxes and
@@ -146,17 +158,24 @@ Inputs inputs(const paddle::Tensor& x_in, const paddle::Tensor& boxes_in,
     invalid(op, "boxes_num must have one count per image (N=" + std::to_string(in.tx.n) +
                     "), got " + std::to_string(counts.shape()[0]));
   in.batch.resize(static_cast<size_t>(bd[0]));
-  roicore_error err;
-  check(roicore_batch_from_counts(counts.data(), count_type, in.tx.n, bd[0], in.batch.data(),
-                                  &err),
-        err, op);
+  call(op, [&](roicore_error* err) {
+    return roicore_batch_from_counts(counts.data(), count_type, in.tx.n, bd[0], in.batch.data(),
+                                     err);
+  });
   in.rb = roicore_boxes{in.boxes.data(), in.batch.data(), bd[0], 0};
   return in;
 }
 
-// The rules attribute as int64 fields, for roicore_*_rules_from_array.
-std::vector<int64_t> fields(const std::vector<int>& rules) {
-  return std::vector<int64_t>(rules.begin(), rules.end());
+// The rules attribute decoded by `from_array` (a roicore_*_rules_from_array).
+template <typename Rules>
+Rules decode(int (*from_array)(const int64_t*, int64_t, Rules*, roicore_error*),
+             const std::vector<int>& rules, const std::string& op) {
+  const std::vector<int64_t> fields(rules.begin(), rules.end());
+  Rules r;
+  call(op, [&](roicore_error* err) {
+    return from_array(fields.data(), static_cast<int64_t>(fields.size()), &r, err);
+  });
+  return r;
 }
 
 roicore_exec exec_of(int n_threads) { return roicore_exec{n_threads, nullptr, nullptr}; }
@@ -175,11 +194,6 @@ paddle::Tensor output(const std::vector<int64_t>& dims, paddle::DataType dtype,
          "the output of shape " + dims_text(dims) + " needs " + std::to_string(bytes) +
              " bytes, more than roicore's memory limit of " + std::to_string(limit));
   return paddle::empty(dims, dtype, paddle::CPUPlace());
-}
-
-roicore_tensor view(const paddle::Tensor& t, roicore_dtype dtype) {
-  const auto d = t.shape();
-  return roicore_tensor{const_cast<void*>(t.data()), dtype, ROICORE_NCHW, d[0], d[1], d[2], d[3]};
 }
 
 // The upstream gradient, checked to be x's dtype and the forward output's shape.
@@ -205,11 +219,7 @@ int64_t known_or(const std::vector<int64_t>& d, size_t i) { return i < d.size() 
 // ------------------------------------------------------------------------ roi_pool
 
 roicore_max_pool_rules max_rules(const std::vector<int>& rules, const std::string& op) {
-  roicore_max_pool_rules r;
-  roicore_error err;
-  const auto f = fields(rules);
-  check(roicore_max_pool_rules_from_array(f.data(), static_cast<int64_t>(f.size()), &r, &err),
-        err, op);
+  auto r = decode(roicore_max_pool_rules_from_array, rules, op);
   r.argmax_dtype = ROICORE_INT64;  // the Argmax output is int64, as Paddle's
   return r;
 }
@@ -218,12 +228,12 @@ roicore_max_pool_rules max_rules(const std::vector<int>& rules, const std::strin
 void roi_pool_into(const Inputs& in, const roicore_max_pool_rules& r, float spatial_scale,
                    const paddle::Tensor& out, int64_t* argmax, int n_threads,
                    const std::string& op) {
-  roicore_error err;
   const roicore_exec ex = exec_of(n_threads);
   const roicore_tensor to = view(out, in.tx.dtype);
-  check(roicore_roi_pool_max_forward(&r, &in.tx, &in.rb, spatial_scale, &to, argmax,
-                                     ROICORE_INT64, &ex, &err),
-        err, op);
+  call(op, [&](roicore_error* err) {
+    return roicore_roi_pool_max_forward(&r, &in.tx, &in.rb, spatial_scale, &to, argmax,
+                                        ROICORE_INT64, &ex, err);
+  });
 }
 
 std::vector<paddle::Tensor> RoIPoolForward(const paddle::Tensor& x,
@@ -266,12 +276,12 @@ std::vector<paddle::Tensor> RoIPoolBackward(const paddle::Tensor& x,
     roi_pool_into(in, r, spatial_scale, scratch, argmax.data<int64_t>(), n_threads, op);
   }
   auto dx = output(x.shape(), in.x.dtype(), op);
-  roicore_error err;
   const roicore_exec ex = exec_of(n_threads);
   const roicore_tensor tg = view(grad_out, in.tx.dtype), tdx = view(dx, in.tx.dtype);
-  check(roicore_roi_pool_max_backward(&r, &tg, argmax.data(), ROICORE_INT64, &in.rb, &tdx, &ex,
-                                      &err),
-        err, op);
+  call(op, [&](roicore_error* err) {
+    return roicore_roi_pool_max_backward(&r, &tg, argmax.data(), ROICORE_INT64, &in.rb, &tdx,
+                                         &ex, err);
+  });
   return {dx};
 }
 
@@ -292,15 +302,6 @@ std::vector<paddle::DataType> RoIPoolDtype(const paddle::DataType& x, const padd
 }
 
 // ------------------------------------------------------------------------ psroi_pool
-
-roicore_psroi_pool_rules ps_rules(const std::vector<int>& rules, const std::string& op) {
-  roicore_psroi_pool_rules r;
-  roicore_error err;
-  const auto f = fields(rules);
-  check(roicore_psroi_pool_rules_from_array(f.data(), static_cast<int64_t>(f.size()), &r, &err),
-        err, op);
-  return r;
-}
 
 // Output channels: the attribute, or C / (PH * PW) when it is -1 (the messages are
 // roicore.core's).
@@ -333,15 +334,15 @@ std::vector<paddle::Tensor> PSRoIPoolForward(const paddle::Tensor& x,
   const std::string op = "psroi_pool";
   check_pooled(pooled_height, pooled_width, op);
   const Inputs in = inputs(x, boxes, boxes_num, op);
-  const auto r = ps_rules(rules, op);
+  const auto r = decode(roicore_psroi_pool_rules_from_array, rules, op);
   const int64_t d = ps_channels(in.tx.c, output_channels, pooled_height, pooled_width, op);
   auto out = output({in.rb.k, d, pooled_height, pooled_width}, in.x.dtype(), op);
-  roicore_error err;
   const roicore_exec ex = exec_of(n_threads);
   const roicore_tensor to = view(out, in.tx.dtype);
-  check(roicore_psroi_pool_forward(&r, &in.tx, &in.rb, spatial_scale, pooled_height,
-                                   pooled_width, &to, &ex, &err),
-        err, op);
+  call(op, [&](roicore_error* err) {
+    return roicore_psroi_pool_forward(&r, &in.tx, &in.rb, spatial_scale, pooled_height,
+                                      pooled_width, &to, &ex, err);
+  });
   return {out};
 }
 
@@ -356,16 +357,17 @@ std::vector<paddle::Tensor> PSRoIPoolBackward(const paddle::Tensor& x,
   const std::string op = "psroi_pool_grad";
   check_pooled(pooled_height, pooled_width, op);
   const Inputs in = inputs(x, boxes, boxes_num, op);
-  const auto r = ps_rules(rules, op);
+  const auto r = decode(roicore_psroi_pool_rules_from_array, rules, op);
   const int64_t d = ps_channels(in.tx.c, output_channels, pooled_height, pooled_width, op);
-  const paddle::Tensor grad_out = grad_output(grad_out_in, {in.rb.k, d, pooled_height, pooled_width}, in, op);
+  const paddle::Tensor grad_out =
+      grad_output(grad_out_in, {in.rb.k, d, pooled_height, pooled_width}, in, op);
   auto dx = output(x.shape(), in.x.dtype(), op);
-  roicore_error err;
   const roicore_exec ex = exec_of(n_threads);
   const roicore_tensor tg = view(grad_out, in.tx.dtype), tdx = view(dx, in.tx.dtype);
-  check(roicore_psroi_pool_backward(&r, &tg, &in.rb, spatial_scale, pooled_height, pooled_width,
-                                    &tdx, &ex, &err),
-        err, op);
+  call(op, [&](roicore_error* err) {
+    return roicore_psroi_pool_backward(&r, &tg, &in.rb, spatial_scale, pooled_height,
+                                       pooled_width, &tdx, &ex, err);
+  });
   return {dx};
 }
 
@@ -388,15 +390,6 @@ std::vector<paddle::DataType> SameAsX(const paddle::DataType& x, const paddle::D
 
 // ------------------------------------------------------------------------ roi_align
 
-roicore_roi_align_rules align_rules(const std::vector<int>& rules, const std::string& op) {
-  roicore_roi_align_rules r;
-  roicore_error err;
-  const auto f = fields(rules);
-  check(roicore_roi_align_rules_from_array(f.data(), static_cast<int64_t>(f.size()), &r, &err),
-        err, op);
-  return r;
-}
-
 std::vector<paddle::Tensor> RoIAlignForward(const paddle::Tensor& x,
                                             const paddle::Tensor& boxes,
                                             const paddle::Tensor& boxes_num,
@@ -406,14 +399,14 @@ std::vector<paddle::Tensor> RoIAlignForward(const paddle::Tensor& x,
   const std::string op = "roi_align";
   check_pooled(pooled_height, pooled_width, op);
   const Inputs in = inputs(x, boxes, boxes_num, op);
-  const auto r = align_rules(rules, op);
+  const auto r = decode(roicore_roi_align_rules_from_array, rules, op);
   auto out = output({in.rb.k, in.tx.c, pooled_height, pooled_width}, in.x.dtype(), op);
-  roicore_error err;
   const roicore_exec ex = exec_of(n_threads);
   const roicore_tensor to = view(out, in.tx.dtype);
-  check(roicore_roi_align_forward(&r, &in.tx, &in.rb, spatial_scale, sampling_ratio, aligned,
-                                  &to, &ex, &err),
-        err, op);
+  call(op, [&](roicore_error* err) {
+    return roicore_roi_align_forward(&r, &in.tx, &in.rb, spatial_scale, sampling_ratio, aligned,
+                                     &to, &ex, err);
+  });
   return {out};
 }
 
@@ -427,16 +420,16 @@ std::vector<paddle::Tensor> RoIAlignBackward(const paddle::Tensor& x,
   const std::string op = "roi_align_grad";
   check_pooled(pooled_height, pooled_width, op);
   const Inputs in = inputs(x, boxes, boxes_num, op);
-  const auto r = align_rules(rules, op);
+  const auto r = decode(roicore_roi_align_rules_from_array, rules, op);
   const std::vector<int64_t> dims{in.rb.k, in.tx.c, pooled_height, pooled_width};
   const paddle::Tensor grad_out = grad_output(grad_out_in, dims, in, op);
   auto dx = output(x.shape(), in.x.dtype(), op);
-  roicore_error err;
   const roicore_exec ex = exec_of(n_threads);
   const roicore_tensor tg = view(grad_out, in.tx.dtype), tdx = view(dx, in.tx.dtype);
-  check(roicore_roi_align_backward(&r, &tg, &in.rb, spatial_scale, sampling_ratio, aligned, &tdx,
-                                   &ex, &err),
-        err, op);
+  call(op, [&](roicore_error* err) {
+    return roicore_roi_align_backward(&r, &tg, &in.rb, spatial_scale, sampling_ratio, aligned,
+                                      &tdx, &ex, err);
+  });
   return {dx};
 }
 

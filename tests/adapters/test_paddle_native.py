@@ -4,6 +4,7 @@ paddle.jit.save / paddle.jit.load and paddle.inference predictors in a fresh pro
 against Paddle's own operators in the same mode, bit for bit; their errors; and building
 them from nothing.
 """
+import contextlib
 import os
 import pathlib
 import subprocess
@@ -41,7 +42,8 @@ def _run_python(code, timeout=300, env=None):
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
                           text=True, timeout=timeout, env=env)
-    assert proc.returncode == 0, f"exit {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (f"exit {proc.returncode}:\n{proc.stdout[-3000:]}\n"
+                                  f"{proc.stderr[-3000:]}")
     return proc.stdout
 
 
@@ -95,6 +97,19 @@ def batch(seed=0):
 def twins(fluid=False):
     """(roicore's Net, Paddle's computing the same)."""
     return (Net(rl, fluid), Net(native, fluid)) if fluid else (Net(rp), Net(native))
+
+
+@contextlib.contextmanager
+def static_program():
+    """Static mode with a new program holding inputs (x, boxes, boxes_num) shaped like
+    batch()'s: yields (program, x, boxes, boxes_num); dygraph again afterwards."""
+    paddle.enable_static()
+    try:
+        main = paddle.static.Program()
+        with paddle.static.program_guard(main):
+            yield (main, *(paddle.static.data(s.name, s.shape, s.dtype) for s in SPEC))
+    finally:
+        paddle.disable_static()
 
 
 def forward_backward(model, inputs):
@@ -254,21 +269,13 @@ def test_bad_boxes_num_in_a_static_program(counts, message):
     """Checks that need the values run in the operator: Paddle's ValueError carrying
     roicore's message, raised by the executor."""
     img, boxes, _ = batch()
-    paddle.enable_static()
-    try:
-        main = paddle.static.Program()
-        with paddle.static.program_guard(main):
-            x = paddle.static.data("x", [None, 3, 16, 16], "float32")
-            b = paddle.static.data("b", [None, 4], "float32")
-            n = paddle.static.data("n", [None], "int32")
-            outs = [rp.roi_pool(x, b, n, 2), rp.psroi_pool(x, b, n, 1), rp.roi_align(x, b, n, 2)]
+    with static_program() as (main, x, b, n):
+        outs = [rp.roi_pool(x, b, n, 2), rp.psroi_pool(x, b, n, 1), rp.roi_align(x, b, n, 2)]
         exe = paddle.static.Executor(paddle.CPUPlace())
         for out in outs:
             with pytest.raises(ValueError, match=message):
-                exe.run(main, feed={"x": img, "b": boxes, "n": np.array(counts, "int32")},
-                        fetch_list=[out])
-    finally:
-        paddle.disable_static()
+                exe.run(main, feed={"img": img, "boxes": boxes,
+                                    "boxes_num": np.array(counts, "int32")}, fetch_list=[out])
 
 
 def test_bad_inputs_to_a_reloaded_model(tmp_path):
@@ -375,7 +382,8 @@ def test_builds_from_nothing(tmp_path):
         from paddle.vision import ops as native
         x = paddle.rand([1, 4, 8, 8])
         b, n = paddle.to_tensor([[0, 0, 5, 6.0]]), paddle.to_tensor([1], "int32")
-        same = np.array_equal(rp.roi_align(x, b, n, 2).numpy(), native.roi_align(x, b, n, 2).numpy())
+        same = np.array_equal(rp.roi_align(x, b, n, 2).numpy(),
+                              native.roi_align(x, b, n, 2).numpy())
         print(rp.load_library(), rp._native is not None and same)
         """
     first = _run_python(code, timeout=600, env=env).strip().splitlines()[-1]
@@ -422,20 +430,13 @@ def test_fluid_mapping_in_a_static_program():
     """In a static program the legacy functions take rois_num or lod (a constant), not both:
     their values cannot be compared before the program runs."""
     img, boxes, num = batch()
-    paddle.enable_static()
-    try:
-        main = paddle.static.Program()
-        with paddle.static.program_guard(main):
-            x = paddle.static.data("x", [None, 3, 16, 16], "float32")
-            b = paddle.static.data("b", [None, 4], "float32")
-            n = paddle.static.data("n", [None], "int32")
-            by_lod = rl.roi_pool(x, b, 2, 2, 0.5, lod=[[1, 3]])
-            by_num = rl.roi_pool(x, b, 2, 2, 0.5, rois_num=n)
-            with pytest.raises(ValueError, match="give rois_num or lod, not both"):
-                rl.roi_pool(x, b, 2, 2, 0.5, rois_num=n, lod=[[1, 3]])
+    with static_program() as (main, x, b, n):
+        by_lod = rl.roi_pool(x, b, 2, 2, 0.5, lod=[[1, 3]])
+        by_num = rl.roi_pool(x, b, 2, 2, 0.5, rois_num=n)
+        with pytest.raises(ValueError, match="give rois_num or lod, not both"):
+            rl.roi_pool(x, b, 2, 2, 0.5, rois_num=n, lod=[[1, 3]])
         got = paddle.static.Executor(paddle.CPUPlace()).run(
-            main, feed={"x": img, "b": boxes, "n": num}, fetch_list=[by_lod, by_num])
-    finally:
-        paddle.disable_static()
+            main, feed={"img": img, "boxes": boxes, "boxes_num": num},
+            fetch_list=[by_lod, by_num])
     want = native.roi_pool(*map(paddle.to_tensor, (img, boxes, num)), 2, 0.5).numpy()
     assert np.array_equal(got[0], want) and np.array_equal(got[1], want)
