@@ -19,8 +19,8 @@ Two ways to compute, one set of numbers:
 
 * **Paddle operators** (``roicore_roi_pool``, ``roicore_psroi_pool``, ``roicore_roi_align``
   and their gradients): roicore's C library registered with Paddle as custom operators,
-  compiled on first use against the installed Paddle (a C++ compiler is needed once; the
-  library is cached per user, see :mod:`roicore.adapters.native.build`).  They work
+  compiled on first use against the installed Paddle with a C++ compiler, and cached per
+  user (:mod:`roicore.adapters.native.paddle`).  They work
   wherever Paddle ops do: dygraph, ``paddle.jit.to_static`` (both modes), static programs,
   ``paddle.jit.save`` / ``paddle.jit.load`` and ``paddle.inference`` predictors.  A process
   that loads a saved model holding them calls :func:`load_library` first.

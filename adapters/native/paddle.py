@@ -15,6 +15,7 @@ first, so that Paddle knows them.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import subprocess
@@ -98,6 +99,9 @@ def library_path() -> pathlib.Path:
 
 
 def _compile(setup, cxx, log_path):
+    if importlib.util.find_spec("setuptools") is None:  # paddle.utils.cpp_extension needs it
+        raise build.NativeBuildError(f"roicore needs setuptools to build {PURPOSE} with "
+                                     "paddle.utils.cpp_extension: pip install setuptools")
     # the compiler found above, for compiling and linking (distutils reads CC and CXX)
     env = dict(os.environ, CC=" ".join(cxx), CXX=" ".join(cxx))
     cmd = [sys.executable, str(setup), "build"]
