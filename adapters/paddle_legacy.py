@@ -6,7 +6,8 @@
   name=None)``
 
 Both compute exactly what :mod:`roicore.adapters.paddle` computes (``convention="paddle"``),
-with gradients to ``input``.
+with gradients to ``input``, through the same Paddle operators, so they work in dygraph,
+``paddle.jit.to_static``, static programs and saved models alike.
 
 Which image a RoI belongs to.  In fluid, ``rois`` was a LoDTensor of lod_level 1 whose LoD
 grouped the boxes by image, or (roi_pool) ``rois_num`` gave the counts.  Paddle 3 has no
@@ -18,7 +19,8 @@ LoD tensors in dygraph, so the grouping is passed explicitly, keyword-only:
   the first 3 boxes belong to image 0, the next 2 to image 1.  Offsets (``[[0, 3, 5]]``)
   are not accepted.
 
-Give one of them (both only if they agree).  The counts must have one entry per image and
+Give one of them (both only if they agree; in a static program, only one, since their
+values cannot be compared before it runs).  The counts must have one entry per image and
 sum to the number of boxes.
 
 Returns: the pooled tensor.  Fluid's dygraph ``roi_pool`` returned ``(out, argmax)``; pass
@@ -58,6 +60,10 @@ def _counts(op, rois, rois_num, lod):
         lod_counts = paddle.to_tensor(lengths.astype(np.int64))
         if rois_num is not None:
             _modern._check_tensor(rois_num, "rois_num", op)
+            if not paddle.in_dynamic_mode():
+                raise ValueError(f"{op}: give rois_num or lod, not both, in a static program "
+                                 "(their values cannot be compared before it runs)")
+            _modern._check_places(op, rois_num=rois_num)
             given = _modern._to_numpy(rois_num)
             if given.shape != lengths.shape or not np.array_equal(given, lengths):
                 raise ValueError(f"{op}: rois_num {given.tolist()} and the LoD lengths "
@@ -76,13 +82,66 @@ def _int(value, name, op):
     return int(value)
 
 
+@_modern._graph_ready
 def roi_pool(input, rois, pooled_height=1, pooled_width=1, spatial_scale=1.0, rois_num=None,
              name=None, *, lod=None, return_argmax=False, n_threads=None):
-    """RoI max pooling with fluid's signature; see the module docstring for rois_num / lod.
+    """RoI max pooling with the signature of fluid's ``paddle.fluid.layers.roi_pool``.
 
-    input : Tensor [N, C, H, W] float32/float64; rois : Tensor [num_rois, 4] of
-    [x1, y1, x2, y2], input's dtype.  Returns [num_rois, C, pooled_height, pooled_width]
-    (and the int64 argmax with ``return_argmax=True``).
+    Computes what ``paddle.vision.ops.roi_pool`` computes, bit for bit, with the gradient
+    to ``input``; see :func:`roicore.adapters.paddle.roi_pool`.
+
+    Args:
+        input (Tensor): Input feature, a 4-D Tensor of shape [N, C, H, W], float32 or
+            float64.
+        rois (Tensor): RoIs to pool over, a 2-D Tensor of shape [num_rois, 4] and the data
+            type of ``input``, given as [[x1, y1, x2, y2], ...], grouped by image in image
+            order.
+        pooled_height (int, optional): The pooled output height.  Default: 1.
+        pooled_width (int, optional): The pooled output width.  Default: 1.
+        spatial_scale (float, optional): Multiplicative spatial scale factor that maps RoI
+            coordinates to feature-map coordinates.  Default: 1.0.
+        rois_num (Tensor|None, optional): The number of RoIs of each image, a 1-D int32 or
+            int64 Tensor of shape [N] summing to num_rois.  Give ``rois_num`` or ``lod``
+            (both only if they agree).  Default: None.
+        name (str|None, optional): Accepted for signature compatibility and unused.
+            Default: None.
+        lod (list|None, optional): Keyword-only.  The LoD that fluid carried on ``rois``,
+            as per-image lengths (``recursive_sequence_lengths``): ``[[3, 2]]`` or
+            ``[3, 2]`` gives the first 3 RoIs to image 0 and the next 2 to image 1.  Offsets
+            (``[[0, 3, 5]]``) are not accepted.  Default: None.
+        return_argmax (bool, optional): Keyword-only.  Also return the argmax, as fluid's
+            dygraph ``roi_pool`` did.  Default: False.
+        n_threads (int|None, optional): Keyword-only.  OpenMP threads of the computation,
+            as in :func:`roicore.adapters.paddle.roi_pool`; results never depend on it.
+            Default: None.
+
+    Returns:
+        Tensor: The pooled feature, [num_rois, C, pooled_height, pooled_width] with the data
+        type of ``input``.  With ``return_argmax=True``, the tuple (out, argmax): argmax is
+        int64 of out's shape, the index ``h * W + w`` of the maximum within its channel
+        plane, -1 for an empty bin (Paddle's own encoding).
+
+    Differences from fluid: Paddle 3 tensors carry no LoD in dygraph, so the image of each
+    RoI comes from ``rois_num`` or ``lod``, and it is required; the counts are checked
+    (one per image, non-negative, summing to num_rois).
+
+    Examples:
+        .. code-block:: pycon
+
+            >>> import paddle
+            >>> from roicore.adapters.paddle_legacy import roi_pool
+
+            >>> x = paddle.arange(32, dtype='float32').reshape([1, 2, 4, 4])
+            >>> rois = paddle.to_tensor([[0.0, 0.0, 3.0, 3.0], [1.0, 1.0, 2.0, 2.0]])
+            >>> out = roi_pool(x, rois, pooled_height=2, pooled_width=2, lod=[[2]])
+            >>> print(out[0, 0].numpy())
+            [[ 5.  7.]
+             [13. 15.]]
+            >>> out, argmax = roi_pool(x, rois, 2, 2, 1.0, rois_num=paddle.to_tensor([2]),
+            ...                        return_argmax=True)
+            >>> print(argmax[0, 0].numpy())
+            [[ 5  7]
+             [13 15]]
     """
     op = "roi_pool"
     ph = _int(pooled_height, "pooled_height", op)
@@ -92,18 +151,65 @@ def roi_pool(input, rois, pooled_height=1, pooled_width=1, spatial_scale=1.0, ro
                              op=op, return_argmax=bool(return_argmax))
 
 
+@_modern._graph_ready
 def psroi_pool(input, rois, output_channels, spatial_scale, pooled_height, pooled_width,
                name=None, *, rois_num=None, lod=None, n_threads=None):
-    """Position-sensitive RoI pooling with fluid's signature.
+    """Position-sensitive RoI pooling with the signature of fluid's
+    ``paddle.fluid.layers.psroi_pool``.
 
-    input must have ``output_channels * pooled_height * pooled_width`` channels; returns
-    [num_rois, output_channels, pooled_height, pooled_width].  ``output_channels == 1`` is
-    allowed (Paddle's kernel refuses it, though the operator is well defined).
+    Computes what ``paddle.vision.ops.psroi_pool`` computes, bit for bit, with the gradient
+    to ``input``; see :func:`roicore.adapters.paddle.psroi_pool`.
+
+    Args:
+        input (Tensor): Input feature, a 4-D Tensor of shape [N, C, H, W] with
+            ``C == output_channels * pooled_height * pooled_width``, float32 or float64.
+        rois (Tensor): RoIs to pool over, a 2-D Tensor of shape [num_rois, 4] and the data
+            type of ``input``, given as [[x1, y1, x2, y2], ...], grouped by image in image
+            order.
+        output_channels (int): The number of output channels.
+        spatial_scale (float): Multiplicative spatial scale factor that maps RoI
+            coordinates to feature-map coordinates.
+        pooled_height (int): The pooled output height.
+        pooled_width (int): The pooled output width.
+        name (str|None, optional): Accepted for signature compatibility and unused.
+            Default: None.
+        rois_num (Tensor|None, optional): Keyword-only.  The number of RoIs of each image,
+            a 1-D int32 or int64 Tensor of shape [N] summing to num_rois.  Give ``rois_num``
+            or ``lod`` (both only if they agree).  Default: None.
+        lod (list|None, optional): Keyword-only.  The LoD that fluid carried on ``rois``,
+            as per-image lengths (``recursive_sequence_lengths``): ``[[3, 2]]`` or
+            ``[3, 2]`` gives the first 3 RoIs to image 0 and the next 2 to image 1.  Offsets
+            (``[[0, 3, 5]]``) are not accepted.  Default: None.
+        n_threads (int|None, optional): Keyword-only.  OpenMP threads of the computation,
+            as in :func:`roicore.adapters.paddle.roi_pool`; results never depend on it.
+            Default: None.
+
+    Returns:
+        Tensor: The pooled feature, [num_rois, output_channels, pooled_height,
+        pooled_width] with the data type of ``input``.
+
+    Differences from fluid: the image of each RoI comes from ``rois_num`` or ``lod`` (Paddle
+    3 dygraph tensors carry no LoD), and it is required; ``output_channels == 1`` is
+    computed (fluid's kernel refuses it, though the operator is well defined).  As in
+    fluid, the integer arguments must be ints.
+
+    Examples:
+        .. code-block:: pycon
+
+            >>> import paddle
+            >>> from roicore.adapters.paddle_legacy import psroi_pool
+
+            >>> x = paddle.rand([2, 490, 28, 28])
+            >>> rois = paddle.to_tensor([[1.0, 5.0, 8.0, 10.0], [4.0, 2.0, 6.0, 7.0],
+            ...                          [12.0, 12.0, 19.0, 21.0]])
+            >>> out = psroi_pool(x, rois, 10, 1.0, 7, 7, lod=[[1, 2]])
+            >>> print(list(out.shape))
+            [3, 10, 7, 7]
     """
     op = "psroi_pool"
     d = _int(output_channels, "output_channels", op)
     ph = _int(pooled_height, "pooled_height", op)
     pw = _int(pooled_width, "pooled_width", op)
     counts = _counts(op, rois, rois_num, lod)
-    b, batch = _modern._check_inputs(op, input, rois, counts)
-    return _modern._psroi_pool(input, b, batch, (ph, pw), spatial_scale, d, n_threads)
+    return _modern._psroi_pool(input, rois, counts, (ph, pw), spatial_scale, d,
+                               n_threads=n_threads, op=op)

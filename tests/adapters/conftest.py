@@ -48,3 +48,25 @@ def spy_core(monkeypatch):
         return calls
 
     return spy
+
+
+@pytest.fixture(params=["native", "numpy"])
+def paddle_path(request, monkeypatch):
+    """Runs a Paddle adapter test on each way roicore.adapters.paddle computes: roicore's
+    Paddle operators ("native": required in CI) and the NumPy path ("numpy")."""
+    rp = importlib.import_module("roicore.adapters.paddle")
+    if request.param == "numpy":
+        monkeypatch.setattr(rp, "_operators", lambda: None)
+    elif rp._operators() is None:
+        reason = f"roicore's Paddle operators are unavailable: {rp._native_unavailable}"
+        if REQUIRE:
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return request.param
+
+
+@pytest.fixture
+def numpy_path(monkeypatch):
+    """Runs a Paddle adapter test on the NumPy path (roicore.core through PyLayer)."""
+    rp = importlib.import_module("roicore.adapters.paddle")
+    monkeypatch.setattr(rp, "_operators", lambda: None)

@@ -224,13 +224,13 @@ CASES = list(all_cases())
 
 @pytest.mark.parametrize("op,dtype,group,name,case", CASES,
                          ids=[f"{o}-{d}-{g}-{n}" for o, d, g, n, _ in CASES])
-def test_parity_with_native(op, dtype, group, name, case):
+def test_parity_with_native(op, dtype, group, name, case, paddle_path):
     for what, n, m in compare(case):
         assert n == 0, f"{what}: {n} elements differ from Paddle (max abs diff {m:g})"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_seed_values(dtype):
+def test_seed_values(dtype, paddle_path):
     x = tensor(np.arange(1, 17).reshape(1, 1, 4, 4), dtype)
     b = tensor([[1, 1, 2, 2], [1.5, 1.5, 3, 3]], dtype)
     n = tensor([2], "int32")
@@ -240,14 +240,14 @@ def test_seed_values(dtype):
     assert rl.roi_pool(x, b, 1, 1, 1.0, rois_num=n).numpy().ravel().tolist() == [11, 16]
 
 
-def test_aligned_zero_size_box_is_nan_like_paddle():
+def test_aligned_zero_size_box_is_nan_like_paddle(paddle_path):
     x = tensor(np.random.default_rng(0).standard_normal((1, 1, 5, 5)), "float32")
     b, n = tensor([[2, 2, 2, 2]], "float32"), tensor([1], "int32")
     mine, theirs = rp.roi_align(x, b, n, 2).numpy(), native.roi_align(x, b, n, 2).numpy()
     assert np.isnan(mine).all() and np.isnan(theirs).all()
 
 
-def test_reversed_aligned_adaptive_box():
+def test_reversed_aligned_adaptive_box(paddle_path):
     """Paddle's kernel aborts here (see native_safe); the adapter returns the core's NaN."""
     xa = np.random.default_rng(0).standard_normal((1, 2, 6, 6)).astype("float32")
     ba = np.array([[4, 4, 1, 5], [1, 1, 4, 4]], "float32")
@@ -271,7 +271,7 @@ ROI_POOL_CASES = [c for c in CASES if c[0] == "roi_pool"]
 
 @pytest.mark.parametrize("op,dtype,group,name,case", ROI_POOL_CASES,
                          ids=[f"{d}-{g}-{n}" for _, d, g, n, _ in ROI_POOL_CASES])
-def test_argmax_parity(op, dtype, group, name, case):
+def test_argmax_parity(op, dtype, group, name, case, paddle_path):
     expected = _native_argmax(case)
     batch = np.repeat(np.arange(len(case["counts"])), case["counts"])
     y, am = core.roi_pool(case["x"], case["boxes"], case["kw"]["output_size"],
@@ -289,7 +289,7 @@ def test_argmax_parity(op, dtype, group, name, case):
 # ----------------------------------------------------------------------------- legacy API
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_legacy_psroi_fluid_doc_example(dtype):
+def test_legacy_psroi_fluid_doc_example(dtype, paddle_path):
     case = seed_cases("psroi_pool", dtype)["fluid_doc_490"]
     x, b = tensor(case["x"], grad=True), tensor(case["boxes"])
     out = rl.psroi_pool(x, b, 10, 1.0, 7, 7, lod=[[3, 2]])
@@ -304,7 +304,7 @@ def test_legacy_psroi_fluid_doc_example(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("seed", range(4))
-def test_legacy_roi_pool_equals_modern(dtype, seed):
+def test_legacy_roi_pool_equals_modern(dtype, seed, paddle_path):
     case = random_case("roi_pool", dtype, seed)
     PH, PW = case["kw"]["output_size"]
     s = case["kw"]["spatial_scale"]
@@ -318,7 +318,7 @@ def test_legacy_roi_pool_equals_modern(dtype, seed):
         assert_same(g, modern_g, f"legacy roi_pool grad {list(mapping)}")
 
 
-def test_legacy_psroi_gradient_equals_modern():
+def test_legacy_psroi_gradient_equals_modern(paddle_path):
     case = random_case("psroi_pool", "float64", 3)
     PH, PW = case["kw"]["output_size"]
     D = case["x"].shape[1] // (PH * PW)
@@ -329,7 +329,7 @@ def test_legacy_psroi_gradient_equals_modern():
         assert_same(got, want, "legacy psroi")
 
 
-def test_legacy_mapping_errors():
+def test_legacy_mapping_errors(paddle_path):
     x, b = tensor(np.zeros((2, 1, 4, 4)), "float32"), tensor(np.zeros((5, 4)), "float32")
     with pytest.raises(ValueError, match="pass rois_num= .* or lod="):
         rl.roi_pool(x, b, 2, 2)
@@ -368,7 +368,7 @@ class Head(paddle.nn.Layer):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["RoIPool", "PSRoIPool", "RoIAlign"])
-def test_layers_forward_backward_match_native(kind, dtype):
+def test_layers_forward_backward_match_native(kind, dtype, paddle_path):
     paddle.set_default_dtype(dtype)
     try:
         channels = 12 if kind == "PSRoIPool" else 5
@@ -396,7 +396,7 @@ def test_layers_forward_backward_match_native(kind, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", OPS)
-def test_place_dtype_and_stop_gradient(op, dtype):
+def test_place_dtype_and_stop_gradient(op, dtype, paddle_path):
     case = random_case(op, dtype, 1)
     x = tensor(case["x"], grad=True)
     y = _adapter(op)(x, tensor(case["boxes"]), tensor(case["counts"], "int32"), **case["kw"])
@@ -413,7 +413,7 @@ def test_place_dtype_and_stop_gradient(op, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("mode", ["stop_gradient", "no_grad"])
-def test_inference_path_matches_grad_path(op, dtype, mode, spy_core):
+def test_inference_path_matches_grad_path(op, dtype, mode, spy_core, numpy_path):
     """Without a possible gradient (stop_gradient, paddle.no_grad) the core is called
     directly and roi_pool computes no argmax; the output is bit-identical to the recorded
     path's and to Paddle's, and a gradient taken afterwards is still Paddle's."""
@@ -437,7 +437,7 @@ def test_inference_path_matches_grad_path(op, dtype, mode, spy_core):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_roi_pool_keeps_an_int32_argmax_for_its_backward(dtype, spy_core):
+def test_roi_pool_keeps_an_int32_argmax_for_its_backward(dtype, spy_core, numpy_path):
     """The recorded roi_pool keeps Paddle's h*W + w argmax as int32 (half the memory of
     Paddle's int64) and still gives Paddle's gradient; the legacy return_argmax hands out
     Paddle's int64 argmax, recorded or not."""
@@ -463,7 +463,7 @@ def test_roi_pool_keeps_an_int32_argmax_for_its_backward(dtype, spy_core):
             assert_same(x.grad.numpy(), want_g, "legacy gradient")
 
 
-def test_boxes_get_no_gradient():
+def test_boxes_get_no_gradient(paddle_path):
     x = tensor(np.ones((1, 2, 6, 6)), "float32", grad=True)
     b = tensor([[0, 0, 4, 4]], "float32", grad=True)
     rp.roi_align(x, b, tensor([1], "int32"), 2).sum().backward()
@@ -471,7 +471,7 @@ def test_boxes_get_no_gradient():
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_no_copies_on_cpu(op, spy_core):
+def test_no_copies_on_cpu(op, spy_core, numpy_path):
     """x and boxes reach the core as views of the Paddle buffers, and the core's result
     becomes the output tensor without a copy."""
     case = random_case(op, "float32", 2)
@@ -485,7 +485,7 @@ def test_no_copies_on_cpu(op, spy_core):
     assert (res[0] if isinstance(res, tuple) else res).ctypes.data == y.data_ptr()
 
 
-def test_strided_input():
+def test_strided_input(paddle_path):
     rng = np.random.default_rng(5)
     base = tensor(rng.standard_normal((1, 3, 9, 8)), "float32")
     x = base.transpose([0, 1, 3, 2])  # a non-contiguous view in Paddle 3
@@ -493,7 +493,7 @@ def test_strided_input():
     assert_same(rp.roi_pool(x, b, n, 3).numpy(), native.roi_pool(x, b, n, 3).numpy(), "strided")
 
 
-def test_n_threads_does_not_change_results():
+def test_n_threads_does_not_change_results(paddle_path):
     case = random_case("roi_align", "float32", 4)
     args = (tensor(case["x"]), tensor(case["boxes"]), tensor(case["counts"], "int32"))
     one = rp.roi_align(*args, **case["kw"], n_threads=1).numpy()
@@ -503,7 +503,7 @@ def test_n_threads_does_not_change_results():
         rp.roi_pool(*args, 2, n_threads=0)
 
 
-def test_empty_boxes():
+def test_empty_boxes(paddle_path):
     x = tensor(np.ones((2, 4, 5, 5)), "float32", grad=True)
     b, n = tensor(np.zeros((0, 4)), "float32"), tensor([0, 0], "int32")
     for op in OPS:
@@ -511,7 +511,7 @@ def test_empty_boxes():
         assert y.shape == [0, 1 if op == "psroi_pool" else 4, 2, 2]
 
 
-def test_psroi_single_output_channel_is_allowed():
+def test_psroi_single_output_channel_is_allowed(paddle_path):
     """Paddle refuses C == PH*PW ("output channels must greater than 1"); that is not a
     rule of PSROI pooling, so the adapter computes it (equal to the core)."""
     rng = np.random.default_rng(0)
@@ -531,7 +531,7 @@ def _args(N=2, K=3, dtype="float32"):
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_errors(op):
+def test_errors(op, paddle_path):
     f = _adapter(op)
     x, b, n = _args()
     size = 2
@@ -539,7 +539,9 @@ def test_errors(op):
         f(x, b, tensor([1, 1], "int32"), size)
     with pytest.raises(ValueError, match=r"one count per image \(N=2\)"):
         f(x, b, tensor([3], "int32"), size)
-    with pytest.raises(ValueError, match="non-negative"):
+    # (the operators see the overflowing first count before the negative second one)
+    with pytest.raises(ValueError, match="boxes_num must (be non-negative|sum to the number "
+                                         r"of boxes \(3\), got more)"):
         f(x, b, tensor([4, -1], "int32"), size)
     with pytest.raises(TypeError, match="boxes_num must be int32 or int64, got float32"):
         f(x, b, tensor([2, 1], "float32"), size)
@@ -565,17 +567,17 @@ def test_errors(op):
         f(x, b, n, (0, 2))
     with pytest.raises(ValueError, match="spatial_scale must be positive"):
         f(x, b, n, size, -1.0)
-    with pytest.raises(ValueError, match="coordinates must be finite"):
+    with pytest.raises(ValueError, match="coordinates must be finite, got nan in box 0"):
         f(x, tensor([[0, 0, np.nan, 1]] * 3, "float32"), n, size)
 
 
-def test_psroi_channel_error():
+def test_psroi_channel_error(paddle_path):
     x, b, n = _args()
     with pytest.raises(ValueError, match="not a multiple of the group area 3x3"):
         rp.psroi_pool(x, b, n, 3)
 
 
-def test_roi_align_argument_errors():
+def test_roi_align_argument_errors(paddle_path):
     x, b, n = _args()
     with pytest.raises(ValueError, match="sampling_ratio must be >= -1"):
         rp.roi_align(x, b, n, 2, sampling_ratio=-2)
@@ -583,13 +585,34 @@ def test_roi_align_argument_errors():
         rp.roi_align(x, b, n, 2, aligned=1)
 
 
-def test_static_mode_is_refused():
+def test_static_mode_needs_the_operators(numpy_path):
+    """Without roicore's Paddle operators only dygraph works; a static program is refused
+    with the reason (the operators' static and graph modes: test_paddle_native.py)."""
     paddle.enable_static()
     try:
-        with pytest.raises(RuntimeError, match="dygraph"):
-            rp.roi_pool(None, None, None, 2)
+        with paddle.static.program_guard(paddle.static.Program()):
+            x = paddle.static.data("x", [None, 3, 8, 8], "float32")
+            b = paddle.static.data("b", [None, 4], "float32")
+            n = paddle.static.data("n", [None], "int32")
+            with pytest.raises(RuntimeError, match="needs roicore's Paddle operators"):
+                rp.roi_pool(x, b, n, 2)
     finally:
         paddle.disable_static()
+
+
+@pytest.mark.parametrize("full_graph", [False, True], ids=["default", "full_graph"])
+def test_to_static_needs_the_operators(full_graph, numpy_path):
+    """Without the operators, paddle.jit.to_static (either translator) stops with the
+    reason, not with a translator's internal error (the bytecode translator wraps the
+    RuntimeError in its own exception type, keeping the message)."""
+    class Net(paddle.nn.Layer):
+        def forward(self, x, b, n):
+            return rp.roi_align(x, b, n, 2)
+
+    x = tensor(np.ones((1, 2, 6, 6)), "float32")
+    b, n = tensor([[0, 0, 4, 4]], "float32"), tensor([1], "int32")
+    with pytest.raises(Exception, match="needs roicore's Paddle operators"):
+        paddle.jit.to_static(Net(), full_graph=full_graph)(x, b, n)
 
 
 def test_signatures_match_paddle():
@@ -606,3 +629,42 @@ def test_signatures_match_paddle():
         assert issubclass(getattr(rp, layer), paddle.nn.Layer)
         assert (list(inspect.signature(getattr(rp, layer).forward).parameters)
                 == list(inspect.signature(getattr(native, layer).forward).parameters))
+
+
+# ----------------------------------------------------------------------------- documentation
+
+def _public(module):
+    return [getattr(module, name) for name in module.__all__]
+
+
+@pytest.mark.parametrize("module", [rp, rl], ids=["paddle", "paddle_legacy"])
+def test_docstrings_document_every_argument(module):
+    """Paddle's docstring layout (Args / Returns / Examples), with every argument of each
+    function, layer constructor and forward described in its own docstring."""
+    import inspect
+
+    for obj in _public(module):
+        doc = inspect.getdoc(obj)
+        signature = inspect.signature(obj.__init__ if inspect.isclass(obj) else obj)
+        params = [name for name in signature.parameters if name != "self"]
+        sections = (["Args:"] if params else []) + ([] if inspect.isclass(obj) else
+                                                    ["Returns:"]) + ["Examples:"]
+        for section in sections:
+            assert f"\n{section}\n" in doc, f"{obj.__name__} lacks {section}"
+        for name in params:
+            assert f"\n    {name} (" in doc, f"{obj.__name__} does not describe {name}"
+        if inspect.isclass(obj):
+            assert obj.__doc__ is not paddle.nn.Layer.__doc__ and obj.forward.__doc__
+
+
+@pytest.mark.parametrize("module", [rp, rl], ids=["paddle", "paddle_legacy"])
+def test_docstring_examples_run(module):
+    import doctest
+
+    runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+    report = []
+    for test in doctest.DocTestFinder().find(module, module.__name__):
+        runner.run(test, out=report.append)
+    results = runner.summarize(verbose=False)
+    assert results.failed == 0, "".join(report)
+    assert results.attempted >= 5 * len(module.__all__)
