@@ -55,8 +55,9 @@ import numpy as np
 
 from roicore import core
 from roicore.core import _validate, conventions
+from roicore.core._binding import rules_codes
+
 from ._common import batch_indices_from_counts, off_host, require
-from .native.rules import rules_fields
 
 paddle = require("paddle", "paddle")
 from paddle.autograd import PyLayer  # noqa: E402
@@ -76,9 +77,9 @@ CONVENTION = "paddle"
 # pixels.  The operators, and the legacy ``return_argmax=True``, use Paddle's int64.
 _GRAD_ARGMAX_RULES = dataclasses.replace(conventions.MAX_POOL[CONVENTION], argmax_dtype="int32")
 # the operators' rules attributes
-_RULES = {"roi_pool": rules_fields(conventions.MAX_POOL[CONVENTION]),
-          "psroi_pool": rules_fields(conventions.PSROI_POOL[CONVENTION]),
-          "roi_align": rules_fields(conventions.ROI_ALIGN[CONVENTION])}
+_RULES = {"roi_pool": list(rules_codes(conventions.MAX_POOL[CONVENTION])),
+          "psroi_pool": list(rules_codes(conventions.PSROI_POOL[CONVENTION])),
+          "roi_align": list(rules_codes(conventions.ROI_ALIGN[CONVENTION]))}
 # dtype objects, compared directly: the names (str(t.dtype)) cost a string per check
 _FLOAT_DTYPES = (paddle.float32, paddle.float64)
 _COUNT_DTYPES = (paddle.int32, paddle.int64)
