@@ -357,6 +357,137 @@ static void thread_invariance(void) {
     }
 }
 
+/* ------------------------------------------------------------------------ layouts */
+
+/* (n, c, h, w) NCHW values -> the same array in NHWC order */
+static array to_nhwc(array a, int64_t n, int64_t c, int64_t h, int64_t w) {
+    array out = new_array(a.dtype, a.n);
+    for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < c; ++j)
+            for (int64_t p = 0; p < h * w; ++p) set(out, (i * h * w + p) * c + j, get(a, (i * c + j) * h * w + p));
+    return out;
+}
+
+/* Every operator and direction reading and writing NHWC gives, element for element, the
+ * bits it gives in NCHW (70 channels: a whole block and a padded one; global and plane
+ * argmax, int32 and int64). */
+static void nhwc_layouts(void) {
+    enum { N = 2, C = 70, H = 9, W = 12, K = 7, P = 3 };
+    uint64_t seed = 7;
+    for (int d = 0; d < 2; ++d) {
+        roicore_dtype dt = DTYPES[d];
+        array x = new_array(dt, N * C * H * W), c = new_array(dt, 4 * K), nc = new_array(dt, 4 * K);
+        array g = new_array(dt, K * C * P * P), gps = new_array(dt, K * (C / 2));
+        int64_t batch[K];
+        for (int64_t i = 0; i < x.n; ++i) set(x, i, (double)lcg(&seed) / 2e9 - 1);
+        for (int64_t i = 0; i < g.n; ++i) set(g, i, (double)lcg(&seed) / 2e9 - 1);
+        for (int64_t i = 0; i < gps.n; ++i) set(gps, i, (double)lcg(&seed) / 2e9 - 1);
+        for (int k = 0; k < K; ++k) {
+            batch[k] = (k * 5) % N;
+            for (int j = 0; j < 4; ++j) {
+                set(c, 4 * k + j, (double)(lcg(&seed) % 1300) / 100.0 - 1);
+                set(nc, 4 * k + j, (double)(lcg(&seed) % 120) / 100.0 - 0.1);
+            }
+        }
+        array xh = to_nhwc(x, N, C, H, W), gh = to_nhwc(g, K, C, P, P);
+        roicore_tensor tx = tensor(x, N, C, H, W), tg = tensor(g, K, C, P, P);
+        roicore_tensor txh = {xh.data, dt, ROICORE_NHWC, N, C, H, W};
+        roicore_tensor tgh = {gh.data, dt, ROICORE_NHWC, K, C, P, P};
+        roicore_tensor tgps = tensor(gps, K, C / 2, 1, 1), tgpsh = tgps;
+        tgpsh.layout = ROICORE_NHWC;  /* (K, 1, 1, D): the same memory in either layout */
+        roicore_boxes b = boxes_of(c, batch, K), nb = boxes_of(nc, batch, K);
+        const char *what[] = {"max forward", "max backward", "bilinear forward", "bilinear backward",
+                              "align forward", "align backward", "psroi forward", "psroi backward"};
+        for (int op = 0; op < 8; ++op) {
+            const int backward = op % 2 == 1;
+            const int64_t on = op >= 6 ? K * (C / 2) : K * C * P * P, dn = N * C * H * W;
+            array out[2] = {new_array(dt, on), new_array(dt, on)};
+            array dx[2] = {new_array(dt, dn), new_array(dt, dn)};
+            int64_t *arg[2] = {calloc((size_t)on, 8), calloc((size_t)on, 8)};
+            for (int layout = 0; layout < 2; ++layout) {
+                roicore_layout L = layout ? ROICORE_NHWC : ROICORE_NCHW;
+                const roicore_tensor *xin = layout ? &txh : &tx, *gin = layout ? &tgh : &tg;
+                roicore_tensor to = {out[layout].data, dt, L, K, C, P, P};
+                roicore_tensor tps = {out[layout].data, dt, L, K, C / 2, 1, 1};
+                roicore_tensor tdx = {dx[layout].data, dt, L, N, C, H, W};
+                const roicore_max_pool_rules *rules = d ? &PADDLE_MAX : &MXNET_MAX;
+                roicore_index_type at = d ? ROICORE_INT64 : ROICORE_INT32;
+                roicore_error err;
+                int rc = ROICORE_OK;
+                switch (op) {
+                case 0: case 1:
+                    rc = roicore_roi_pool_max_forward(rules, xin, &b, 0.9, &to, arg[layout], at, &three_threads, &err);
+                    if (op == 1 && rc == ROICORE_OK)
+                        rc = roicore_roi_pool_max_backward(rules, gin, arg[layout], at, &b, &tdx, &three_threads, &err);
+                    break;
+                case 2: rc = roicore_roi_pool_bilinear_forward(&TF_BILINEAR, xin, &nb, 0.25, &to, &three_threads, &err); break;
+                case 3: rc = roicore_roi_pool_bilinear_backward(&TF_BILINEAR, gin, &nb, &tdx, &three_threads, &err); break;
+                case 4: rc = roicore_roi_align_forward(&PADDLE_ALIGN, xin, &b, 0.9, -1, 1, &to, &three_threads, &err); break;
+                case 5: rc = roicore_roi_align_backward(&MXNET_ALIGN, gin, &b, 0.9, 2, 0, &tdx, &three_threads, &err); break;
+                case 6: rc = roicore_psroi_pool_forward(&MXNET_PSROI, xin, &b, 0.9, 1, 2, &tps, &three_threads, &err); break;
+                case 7: rc = roicore_psroi_pool_backward(&MXNET_PSROI, layout ? &tgpsh : &tgps, &b, 0.9, 1, 2, &tdx, &three_threads, &err); break;
+                }
+                CHECK(rc == ROICORE_OK, "%s NHWC=%d: %s", what[op], layout, err.message);
+            }
+            /* NCHW results in NHWC order must equal the NHWC results */
+            array want = backward ? to_nhwc(dx[0], N, C, H, W)
+                                  : op >= 6 ? out[0] : to_nhwc(out[0], K, C, P, P);
+            array got = backward ? dx[1] : out[1];
+            CHECK(memcmp(want.data, got.data, (size_t)got.n * (dt == ROICORE_FLOAT32 ? 4 : 8)) == 0,
+                  "%s %s: NHWC differs from NCHW", what[op], d ? "float64" : "float32");
+            if (op == 0) {  /* the argmax, in out's layout, encodes NCHW positions either way */
+                int same = 1;
+                for (int64_t k = 0; k < K; ++k)
+                    for (int64_t ch = 0; ch < C; ++ch)
+                        for (int64_t p = 0; p < P * P; ++p) {
+                            int64_t a0 = d ? arg[0][(k * C + ch) * P * P + p]
+                                           : ((int32_t *)arg[0])[(k * C + ch) * P * P + p];
+                            int64_t a1 = d ? arg[1][(k * P * P + p) * C + ch]
+                                           : ((int32_t *)arg[1])[(k * P * P + p) * C + ch];
+                            same &= a0 == a1;
+                        }
+                CHECK(same, "max forward %s: NHWC argmax differs", d ? "float64" : "float32");
+            }
+            if (want.data != out[0].data && want.data != dx[0].data) free(want.data);
+            for (int t = 0; t < 2; ++t) {
+                free(out[t].data); free(dx[t].data); free(arg[t]);
+            }
+        }
+        free(x.data); free(c.data); free(nc.data); free(g.data); free(gps.data); free(xh.data); free(gh.data);
+    }
+}
+
+/* PS-RoI with group cells equal to the pooled cells (a transpose per box) in both layouts. */
+static void nhwc_psroi_cells(void) {
+    enum { N = 1, D = 18, G = 2, C = D * G * G, H = 10, W = 9, K = 5 };
+    uint64_t seed = 11;
+    array x = new_array(ROICORE_FLOAT32, N * C * H * W), c = new_array(ROICORE_FLOAT32, 4 * K);
+    array g = new_array(ROICORE_FLOAT32, K * D * G * G);
+    int64_t batch[K] = {0};
+    for (int64_t i = 0; i < x.n; ++i) set(x, i, (double)lcg(&seed) / 2e9 - 1);
+    for (int64_t i = 0; i < g.n; ++i) set(g, i, (double)lcg(&seed) / 2e9 - 1);
+    for (int64_t i = 0; i < 4 * K; ++i) set(c, i, (double)(lcg(&seed) % 1000) / 100.0 - 0.5);
+    array xh = to_nhwc(x, N, C, H, W), gh = to_nhwc(g, K, D, G, G);
+    roicore_boxes b = boxes_of(c, batch, K);
+    array out[2] = {new_array(ROICORE_FLOAT32, K * D * G * G), new_array(ROICORE_FLOAT32, K * D * G * G)};
+    array dx[2] = {new_array(ROICORE_FLOAT32, x.n), new_array(ROICORE_FLOAT32, x.n)};
+    for (int layout = 0; layout < 2; ++layout) {
+        roicore_layout L = layout ? ROICORE_NHWC : ROICORE_NCHW;
+        roicore_tensor tx = {layout ? xh.data : x.data, ROICORE_FLOAT32, L, N, C, H, W};
+        roicore_tensor tg = {layout ? gh.data : g.data, ROICORE_FLOAT32, L, K, D, G, G};
+        roicore_tensor to = {out[layout].data, ROICORE_FLOAT32, L, K, D, G, G};
+        roicore_tensor tdx = {dx[layout].data, ROICORE_FLOAT32, L, N, C, H, W};
+        roicore_error err;
+        CHECK(roicore_psroi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, G, G, &to, &three_threads, &err) == ROICORE_OK, "%s", err.message);
+        CHECK(roicore_psroi_pool_backward(&MXNET_PSROI, &tg, &b, 1.0, G, G, &tdx, &three_threads, &err) == ROICORE_OK, "%s", err.message);
+    }
+    array want_out = to_nhwc(out[0], K, D, G, G), want_dx = to_nhwc(dx[0], N, C, H, W);
+    CHECK(memcmp(want_out.data, out[1].data, (size_t)out[1].n * 4) == 0, "psroi cells forward: NHWC differs");
+    CHECK(memcmp(want_dx.data, dx[1].data, (size_t)dx[1].n * 4) == 0, "psroi cells backward: NHWC differs");
+    free(x.data); free(c.data); free(g.data); free(xh.data); free(gh.data); free(want_out.data); free(want_dx.data);
+    for (int t = 0; t < 2; ++t) { free(out[t].data); free(dx[t].data); }
+}
+
 /* ------------------------------------------------------------------------ bad input */
 
 static int stop_now(void *arg) {
@@ -484,6 +615,8 @@ int main(void) {
     mxnet_psroi();
     roi_align_vectors();
     thread_invariance();
+    nhwc_layouts();
+    nhwc_psroi_cells();
     bad_input();
     printf("roicore C API %d, OpenMP %s\n", roicore_api_version(),
            roicore_openmp_enabled() ? "on" : "off");
