@@ -174,6 +174,8 @@ def boxes_and_batch(boxes, batch_indices, n_images, dtype, name="boxes"):
             raise ValueError(f"{name} has a batch column (shape {arr.shape}); "
                              "batch_indices must then be None")
         col = arr[:, 0]
+        if not col.flags.aligned:  # the C pass reads whole elements
+            col = col.copy()
         if col.dtype in (np.float32, np.float64):
             # the common case in one C pass; the NumPy checks below find the culprit
             batch = np.empty(arr.shape[0], np.int64)

@@ -131,6 +131,10 @@ int roicore_check_coords(const void *coords, roicore_dtype dtype, int64_t k, dou
                          double scale_y, roicore_error *err) {
     if (k > 0 && !coords)
         return roicore_fail(err, ROICORE_ERR_ARGUMENT, "boxes have no coordinates (NULL)");
+    if ((uintptr_t)coords % roicore_dtype_size(dtype))
+        return roicore_fail(err, ROICORE_ERR_ARGUMENT,
+                            "box coordinates must be aligned to their elements, got address %p",
+                            coords);
     for (int64_t i = 0; i < 4 * k; ++i) {
         const double c = dtype == ROICORE_FLOAT32 ? (double)((const float *)coords)[i]
                                                   : ((const double *)coords)[i];
@@ -185,6 +189,9 @@ int roicore_batch_from_column(const void *column, roicore_dtype dtype, int64_t s
         return roicore_fail(err, ROICORE_ERR_ARGUMENT,
                             "batch column: need k >= 0, a nonzero stride and arrays, got k=%lld "
                             "stride=%lld", (long long)k, (long long)stride);
+    if ((uintptr_t)column % roicore_dtype_size(dtype) || (uintptr_t)batch % sizeof(int64_t))
+        return roicore_fail(err, ROICORE_ERR_ARGUMENT,
+                            "batch column: arrays must be aligned to their elements");
     for (int64_t i = 0; i < k; ++i) {
         double v = dtype == ROICORE_FLOAT32 ? (double)((const float *)column)[i * stride]
                                             : ((const double *)column)[i * stride];
@@ -214,6 +221,9 @@ int roicore_batch_from_indices(const void *indices, roicore_index_type type, int
                                int64_t n_images, int64_t *batch, roicore_error *err) {
     if (k < 0 || (k > 0 && (!indices || !batch)))
         return roicore_fail(err, ROICORE_ERR_ARGUMENT, "box indices: need k >= 0 and arrays");
+    if ((uintptr_t)indices % roicore_index_size(type) || (uintptr_t)batch % sizeof(int64_t))
+        return roicore_fail(err, ROICORE_ERR_ARGUMENT,
+                            "box indices: arrays must be aligned to their elements");
     for (int64_t i = 0; i < k; ++i) {
         int64_t v = type == ROICORE_INT32 ? ((const int32_t *)indices)[i]
                                           : ((const int64_t *)indices)[i];
@@ -231,6 +241,9 @@ int roicore_batch_from_counts(const void *counts, roicore_index_type type, int64
                               int64_t k, int64_t *batch, roicore_error *err) {
     if (k < 0 || n_images < 0 || (n_images > 0 && !counts) || (k > 0 && !batch))
         return roicore_fail(err, ROICORE_ERR_ARGUMENT, "box counts: need k >= 0 and arrays");
+    if ((uintptr_t)counts % roicore_index_size(type) || (uintptr_t)batch % sizeof(int64_t))
+        return roicore_fail(err, ROICORE_ERR_ARGUMENT,
+                            "box counts: arrays must be aligned to their elements");
     int64_t total = 0;
     for (int64_t i = 0; i < n_images; ++i) {
         int64_t c = type == ROICORE_INT32 ? ((const int32_t *)counts)[i]
@@ -265,6 +278,9 @@ int roicore_convert_coords(const void *src, roicore_dtype src_dtype, int64_t str
                             "box coordinates: need k >= 0, stride >= first + 4 and arrays, got "
                             "k=%lld stride=%lld first=%lld", (long long)k, (long long)stride,
                             (long long)first);
+    if ((uintptr_t)src % roicore_dtype_size(src_dtype) || (uintptr_t)dst % roicore_dtype_size(dst_dtype))
+        return roicore_fail(err, ROICORE_ERR_ARGUMENT,
+                            "box coordinates: arrays must be aligned to their elements");
     static const int xy_order[4] = {0, 1, 2, 3}, yx_order[4] = {1, 0, 3, 2};
     const int *order = yx ? yx_order : xy_order;
     for (int64_t i = 0; i < k; ++i)
