@@ -26,13 +26,13 @@ Where a model puts it
   ``roicore_ROIAlign``).  A graph exported with it loads in a process that has imported
   this module.
 * oneDNN (the stock mxnet wheel): a convolution's output is an NDArray in oneDNN's blocked
-  layout.  Imperatively it is brought to the default layout in place, the way MXNet does
-  before it hands out a raw pointer.  In a graph, MXNet's CustomOp copies an input in that
-  layout without waiting for it (the copy can read stale memory), so the graph built here
-  passes ``data`` and ``rois`` through ``reshape`` (whose oneDNN kernel writes the default
-  layout) and the output through ``slice_axis`` (whose gradient MXNet computes into a
-  fresh default-layout buffer), so that no input of the CustomOp, forward or backward, is
-  in oneDNN layout.
+  layout, which MXNet does not export.  Imperatively the op reads a copy in the default
+  layout.  In a graph, MXNet's CustomOp makes its own copy of an input in that layout, and
+  that copy sometimes holds wrong values (a race inside MXNet, which a plain identity
+  CustomOp shows too), so the graph built here passes ``data`` and ``rois`` through
+  ``reshape`` (whose oneDNN kernel writes the default layout) and the output through
+  ``slice_axis`` (whose gradient MXNet computes into a fresh default-layout buffer): no
+  input of the CustomOp, forward or backward, is in oneDNN layout.
 
 Masked RoIs
 -----------
@@ -76,7 +76,6 @@ from __future__ import annotations
 import ast
 import collections
 import contextlib
-import ctypes
 import math
 import numbers
 import re
@@ -235,23 +234,10 @@ mx.error.register("MXNetError", _translate_mxnet_error)
 
 
 # ------------------------------------------------------------------------------ conversion
-def _reorder_to_default(a):
-    """Bring a CPU NDArray in oneDNN layout to the default layout, in place.
-
-    MXNDArrayGetData does this (queued in MXNet's engine after the array's pending
-    writes, then waited for) before it returns a raw pointer; it does nothing to an array
-    in the default layout.  It looks at the layout when called, though, so the writes that
-    set it (a convolution still running) must be waited for first."""
-    a.wait_to_read()
-    pointer = ctypes.c_void_p()
-    mx.base.check_call(mx.base._LIB.MXNDArrayGetData(a.handle, ctypes.byref(pointer)))
-
-
 def _on_host(a, argument):
     """A read-only NumPy view of NDArray ``a`` on the host; a copy where it lives elsewhere."""
     device = a.context.device_type
     if device == "cpu" and a.stype == "default" and a.size:
-        _reorder_to_default(a)
         return np.from_dlpack(_DLPackReader(a))
     if device not in ("cpu", "cpu_pinned"):
         off_host("mxnet", argument, str(a.context))
@@ -267,7 +253,16 @@ class _DLPackReader:
         self.array = array
 
     def __dlpack__(self, stream=None):
-        return mx.nd.to_dlpack_for_read(self.array)  # waits for pending writes
+        try:
+            return mx.nd.to_dlpack_for_read(self.array)  # waits for pending writes
+        except mx.base.MXNetError as exc:
+            if "MKLDNN" not in str(exc):
+                raise
+        # oneDNN's blocked layout (a convolution's output), which MXNet does not export:
+        # a copy comes in the default layout, and the user's array stays as it is for
+        # the oneDNN layers that read it next
+        self.array = self.array.copy()
+        return mx.nd.to_dlpack_for_read(self.array)
 
     def __dlpack_device__(self):
         return (1, 0)  # kDLCPU (MXNet's cpu(i) are all host memory)
@@ -651,7 +646,9 @@ def PSROIPooling(data=None, rois=None, spatial_scale=None, output_dim=None, pool
     ----------------------
     data must have exactly ``output_dim * G * G`` channels and every batch index must be
     masked or in [0, N), else ValueError (MXNet reads out of bounds or ignores the extra
-    channels); masked rows give 0; float16 is computed in float32.
+    channels); masked rows give 0; ``spatial_scale=0`` raises (MXNet collapses every box
+    to a point); ``rois`` of another float dtype than ``data`` are cast to it (MXNet
+    raises); float16 is computed in float32.
     """
     params = {"spatial_scale": _check_scale(spatial_scale),
               "output_dim": _check_int(output_dim, "output_dim", 1),
@@ -713,7 +710,9 @@ def ROIAlign(data=None, rois=None, pooled_size=None, spatial_scale=None, sample_
     Masked rows give 0 (MXNet leaves them unwritten and writes 0 into another RoI's first
     element); a batch index >= N raises ValueError (MXNet reads out of bounds); with
     ``aligned=True`` a box of size <= 0 gives 0 (MXNet aborts the process);
-    ``position_sensitive=True`` raises NotImplementedError; float16 is computed in float32.
+    ``spatial_scale=0`` raises (MXNet collapses every box to a point); ``rois`` of another
+    float dtype than ``data`` are cast to it (MXNet raises); ``position_sensitive=True``
+    raises NotImplementedError; float16 is computed in float32.
     """
     if position_sensitive:
         raise NotImplementedError("ROIAlign(position_sensitive=True) is not implemented: "

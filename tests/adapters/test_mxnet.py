@@ -841,6 +841,20 @@ def test_backbone_output_is_in_onednn_layout():
         mx.nd.to_dlpack_for_read(f)
 
 
+def test_imperative_call_reads_a_copy_and_leaves_the_layout_alone():
+    """The op reads a default-layout copy; the map stays in oneDNN's layout for the oneDNN
+    layers that read it next."""
+    net = _ConvNet("ROIAlign", native=True)
+    net.initialize()
+    x, rois = _model_inputs(0)
+    f = net.backbone(x)
+    y = mxa.ROIAlign(f, rois, **MODEL_OPS["ROIAlign"][1])
+    assert_identical(y.asnumpy(), mx.nd.contrib.ROIAlign(f, rois,
+                                                         **MODEL_OPS["ROIAlign"][1]).asnumpy())
+    with pytest.raises(mx.base.MXNetError, match="MKLDNN"):
+        mx.nd.to_dlpack_for_read(f)
+
+
 @pytest.mark.parametrize("two", [False, True], ids=["one op", "two ops on one map"])
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("op", list(MODEL_OPS))
@@ -943,8 +957,8 @@ def test_backward_whatever_custom_op_was_declared_last(op):
 
 @pytest.mark.parametrize("op", list(MODEL_OPS))
 def test_graph_keeps_onednn_layout_away_from_the_custom_op(op):
-    """MXNet's CustomOp copies an input in oneDNN layout without waiting for it, so in a
-    graph the op's inputs come through ``reshape`` (whose oneDNN kernel writes the default
+    """MXNet's CustomOp's own copy of an input in oneDNN layout sometimes holds wrong
+    values, so in a graph the op's inputs come through ``reshape`` (whose oneDNN kernel writes the default
     layout) and its output leaves through ``slice_axis`` (whose gradient MXNet computes
     into a fresh default-layout buffer): neither forward nor backward hands the CustomOp
     an array in oneDNN layout.  (The race is timing-dependent; this checks the structure,
@@ -1295,6 +1309,18 @@ def test_import_after_mxnet_failed_to_import():
     if np.lib.NumpyVersion(np.__version__) >= "1.24.0":
         assert lines[0].startswith("mxnet's own import failed:")
     assert lines[-1] == "[[7.0, 9.0], [19.0, 21.0]]"
+
+
+@pytest.mark.parametrize("name", mxa.__all__)
+def test_docstring_examples(name):
+    import doctest
+    globs = {"mx": mx, **{n: getattr(mxa, n) for n in mxa.__all__}}
+    tests = doctest.DocTestFinder().find(getattr(mxa, name), name, globs=globs)
+    runner = doctest.DocTestRunner(optionflags=doctest.NORMALIZE_WHITESPACE)
+    for test in tests:
+        runner.run(test)
+    result = runner.summarize(verbose=False)
+    assert result.attempted >= 2 and result.failed == 0
 
 
 def test_docstring_gives_the_working_import_order():
