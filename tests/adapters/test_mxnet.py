@@ -961,11 +961,11 @@ def test_backward_whatever_custom_op_was_declared_last(op):
 @pytest.mark.parametrize("op", list(MODEL_OPS))
 def test_graph_keeps_onednn_layout_away_from_the_custom_op(op):
     """MXNet's CustomOp's own copy of an input in oneDNN layout sometimes holds wrong
-    values, so in a graph the op's inputs come through ``reshape`` (whose oneDNN kernel writes the default
-    layout) and its output leaves through ``slice_axis`` (whose gradient MXNet computes
-    into a fresh default-layout buffer): neither forward nor backward hands the CustomOp
-    an array in oneDNN layout.  (The race is timing-dependent; this checks the structure,
-    the tests above the outcome.)"""
+    values, so in a graph the op's inputs come through ``reshape`` (whose oneDNN kernel
+    writes the default layout) and its output leaves through ``slice_axis`` (whose
+    gradient MXNet computes into a fresh default-layout buffer): neither forward nor
+    backward hands the CustomOp an array in oneDNN layout.  (The race is timing-dependent;
+    this checks the structure, the tests above the outcome.)"""
     out = _pool(op, False, mx.sym)(mx.sym.var("data"), mx.sym.var("rois"))
     nodes = json.loads(out.tojson())["nodes"]
     custom = next(n for n in nodes if n["op"] == "Custom")
