@@ -1020,6 +1020,25 @@ def test_user_errors_are_the_raised_exception(what, mode):
             net(x, rois).asnumpy()
 
 
+@pytest.mark.parametrize("call, error, message", [
+    (lambda d, r: mxa.ROIPooling(d, r, (2, 0), 1.0), ValueError, "pooled_size must be >= 1"),
+    (lambda d, r: mxa.ROIPooling(d, r, (2, 2, 2), 1.0), ValueError,
+     r"pooled_size must be \(h, w\)"),
+    (lambda d, r: mxa.ROIAlign(d, r, 2.5, 1.0), TypeError, "pooled_size must be an int"),
+    (lambda d, r: mxa.ROIAlign(d, r, 2, 1.0, sample_ratio=1.5), TypeError, "sample_ratio"),
+    (lambda d, r: mxa.PSROIPooling(d, r, 1.0, 0, 2), ValueError, "output_dim must be >= 1"),
+    (lambda d, r: mxa.PSROIPooling(d, r, 1.0, 2, 2, group_size=-1), ValueError,
+     "group_size must be >= 0"),
+    (lambda d, r: mxa.PSROIPooling(d, r, 1.0, None, 2), TypeError, "output_dim must be an int"),
+])
+def test_arguments_are_checked_when_the_op_is_created(call, error, message):
+    """In a graph too: these never wait for shape inference or the engine."""
+    for data, rois in ((mx.sym.var("d"), mx.sym.var("r")),
+                       (mx.nd.ones((1, 8, 4, 4)), mx.nd.array([[0, 0, 0, 2, 2]]))):
+        with pytest.raises(error, match=message):
+            call(data, rois)
+
+
 def test_user_errors_in_a_bound_symbol():
     data, rois = mx.sym.var("data"), mx.sym.var("rois")
     out = mxa.ROIPooling(data, rois, (2, 2), 1.0)
