@@ -50,7 +50,17 @@ graph, MXNet runs the operator in its engine and reports a failure at the next w
 ``MXNetError`` that only names the failed callback; this module registers a translation
 (``mx.error.register``, for MXNet's own "MXNetError" messages) that raises instead the
 original exception's type and message, as a class that derives from both it and
-``MXNetError``.  Other MXNet errors are raised as before.
+``MXNetError``.  Other MXNet errors are raised as before.  (MXNet still prints the failed
+callback's traceback to stdout.)
+
+Copies
+------
+On the CPU the core reads NDArrays and its results become NDArrays through DLPack,
+without copies, but for arrays in oneDNN's layout (above).  In a graph the CustomOp
+writes its output and the gradient straight into the buffers MXNet bound (float32 and
+float64 with ``req="write"``; otherwise one copy).  Outside ``mx.autograd.record()`` no
+gradient can be asked for, so ROIPooling computes no argmax (MXNet's hidden ``maxidx``,
+which only its backward reads).
 
 Devices
 -------
