@@ -55,8 +55,9 @@ callback's traceback to stdout.)
 
 Copies
 ------
-On the CPU the core reads NDArrays and its results become NDArrays through DLPack,
-without copies, but for arrays in oneDNN's layout (above).  In a graph the CustomOp
+On the CPU the core reads NDArrays through DLPack without copies, but for arrays in
+oneDNN's layout (above); its results become NDArrays on ``cpu(0)`` the same way (on
+another context, by a copy).  In a graph the CustomOp
 writes its output and the gradient straight into the buffers MXNet bound (float32 and
 float64 with ``req="write"``; otherwise one copy).  Outside ``mx.autograd.record()`` no
 gradient can be asked for, so ROIPooling computes no argmax (MXNet's hidden ``maxidx``,
