@@ -1,73 +1,95 @@
 """MXNet front end: ``ROIPooling``, ``PSROIPooling`` and ``ROIAlign`` as drop-in replacements
-for ``mx.nd.ROIPooling``, ``mx.nd.contrib.PSROIPooling`` and ``mx.nd.contrib.ROIAlign``.
+for ``mx.nd.ROIPooling``, ``mx.nd.contrib.PSROIPooling`` and ``mx.nd.contrib.ROIAlign``
+(and their ``mx.sym`` twins).
 
 Swap a call by changing the import alone::
 
-    from roicore.adapters.mxnet import ROIPooling        # instead of mx.nd.ROIPooling
-    y = ROIPooling(data, rois, pooled_size=(7, 7), spatial_scale=1 / 16)
+    import roicore.adapters.mxnet as mxa    # before ``import mxnet`` (see Import order)
+    import mxnet as mx
+
+    y = mxa.ROIPooling(data, rois, pooled_size=(7, 7), spatial_scale=1 / 16)
 
 Positional order and keyword names are MXNet's; ``n_threads`` (OpenMP threads of the core,
 see :func:`roicore.core.effective_n_threads`; results never depend on it) comes last and is
-keyword-only; ``None`` means ``OMP_NUM_THREADS``, else every CPU (mxnet's import sets the
-importing thread's OpenMP thread count to 1, which the adapter does not follow: MXNet's own
-operators run on its engine threads with all cores).  ``rois`` are ``(R, 5)`` rows
-``[batch, x1, y1, x2, y2]`` in image pixels.  The numbers are roicore.core's with
-``convention="mxnet"``: bit-identical to MXNet 1.9.1's CPU kernels for float32 and float64,
-including the global-index argmax of ROIPooling's hidden ``maxidx`` output.
-float16 is computed in float32 (MXNet computes in half).
+keyword-only.  ``rois`` are ``(R, 5)`` rows ``[batch, x1, y1, x2, y2]`` in image pixels.
+The numbers are roicore.core's with ``convention="mxnet"``: bit-identical to MXNet 1.9.1's
+CPU kernels for float32 and float64, forward and gradient; float16 is computed in float32
+(MXNet computes in half).
 
-Three ways in, one computation:
+Where a model puts it
+---------------------
+* NDArray inputs (imperative Gluon, ``mx.nd``): an ``mx.autograd.Function`` under
+  ``mx.autograd.record()``, a direct call otherwise.
+* Symbol inputs (``mx.sym`` graphs, hybridized ``HybridBlock``\\ s, also with
+  ``static_alloc``/``static_shape``, ``export`` / ``SymbolBlock.imports``): a registered
+  ``mx.operator.CustomOp`` (op types ``roicore_ROIPooling``, ``roicore_PSROIPooling``,
+  ``roicore_ROIAlign``).  A graph exported with it loads in a process that has imported
+  this module.
+* oneDNN (the stock mxnet wheel): a convolution's output is an NDArray in oneDNN's blocked
+  layout, which MXNet does not export.  Imperatively the op reads a copy in the default
+  layout.  In a graph, MXNet's CustomOp makes its own copy of an input in that layout, and
+  that copy sometimes holds wrong values (a race inside MXNet, which a plain identity
+  CustomOp shows too), so the graph built here passes ``data`` and ``rois`` through
+  ``reshape`` (whose oneDNN kernel writes the default layout) and the output through
+  ``slice_axis`` (whose gradient MXNet computes into a fresh default-layout buffer): no
+  input of the CustomOp, forward or backward, is in oneDNN layout.
 
-* NDArray inputs: an ``mx.autograd.Function``, so ``mx.autograd.record()`` /
-  ``backward()`` give the gradient of ``data``; ``rois`` get a zero gradient, as in MXNet.
-  Outside ``record()`` no gradient can be asked for: the core is called directly and
-  ROIPooling computes no argmax (MXNet's hidden ``maxidx``, which only its backward reads).
-* Symbol inputs (``mx.sym`` graphs, and a hybridized ``HybridBlock``, whose
-  ``hybrid_forward`` receives Symbols): a registered ``mx.operator.CustomOp``
-  (op types ``roicore_ROIPooling``, ``roicore_PSROIPooling``, ``roicore_ROIAlign``), used
-  through ``mx.sym.Custom``.  ROIPooling's CustomOp has MXNet's hidden second output
-  ``maxidx`` (int32) and the function returns the first output only, as MXNet does.
-* ``out=``: as in MXNet, an NDArray to write the result into (written in place when it
-  is a CPU NDArray of data's float32/float64 dtype, else copied);
-  ``ROIPooling(..., out=[y, maxidx])`` also fills ``maxidx`` (a copy).  Not under autograd
-  recording.
+Masked RoIs
+-----------
+A RoI whose batch index is a negative integer is masked, as GluonCV's FPN marks padded
+proposals (``F.where(..., F.ones_like(rois) * -1)``): its output row is 0 and it adds
+nothing to the gradient, in all three operators.  MXNet's ROIPooling does the same;
+its ROIAlign leaves such a row unwritten and PSROIPooling reads out of bounds.  Any other
+batch index outside ``[0, N)`` raises ValueError.
 
-Validation beyond roicore.core's (which checks shapes, dtypes, batch indices and
-coordinates, and raises ValueError/TypeError before any kernel runs):
+Errors
+------
+Arguments are checked when the operator is created (NDArray call or Symbol), shapes in
+the graph's shape inference, values (batch indices, coordinates) when it runs.  In a
+graph, MXNet runs the operator in its engine and reports a failure at the next wait as an
+``MXNetError`` that only names the failed callback; this module registers a translation
+(``mx.error.register``, for MXNet's own "MXNetError" messages) that raises instead the
+original exception's type and message, as a class that derives from both it and
+``MXNetError``.  Other MXNet errors are raised as before.  (MXNet still prints the failed
+callback's traceback to stdout.)
 
-* ``spatial_scale`` must lie in MXNet's declared range [0, 1]; above 1 raises ValueError
-  ("exceeds bound [0, 1]", MXNet's "exceed bound" error).  0, which MXNet accepts and which
-  collapses every box to pixel (0, 0), is rejected by the core ("must be positive").
-* ``rois`` must be 2-D with 5 columns, as MXNet requires.
-* Differences from MXNet, all on inputs MXNet mishandles: a batch index outside [0, N)
-  raises ValueError (MXNet ROIPooling returns 0, ROIAlign writes into another RoI's output
-  and leaves its own unwritten, PSROIPooling reads out of bounds); PSROIPooling checks that
-  data has ``output_dim * group_size**2`` channels (MXNet reads out of bounds or ignores
-  extra channels); ROIAlign with ``aligned=True`` and a box of size <= 0 returns 0 (MXNet
-  aborts the process); ``rois`` of another float dtype than ``data`` are cast to it (MXNet
-  raises).
-* ``ROIAlign(position_sensitive=True)`` is not implemented (roicore.core has no
-  position-sensitive RoIAlign) and raises NotImplementedError.
+Copies
+------
+On the CPU the core reads NDArrays through DLPack without copies, but for arrays in
+oneDNN's layout (above); its results become NDArrays on ``cpu(0)`` the same way (on
+another context, by a copy).  In a graph the CustomOp
+writes its output and the gradient straight into the buffers MXNet bound (float32 and
+float64 with ``req="write"``; otherwise one copy).  Outside ``mx.autograd.record()`` no
+gradient can be asked for, so ROIPooling computes no argmax (MXNet's hidden ``maxidx``,
+which only its backward reads).
 
-Copies: on CPU, NDArrays are handed to the core and results handed back through DLPack
-(``mx.nd.to_dlpack_for_read`` / ``np.from_dlpack``, ``ndarray.__dlpack__`` /
-``mx.nd.from_dlpack``) without copying; inputs on another device go through
-``asnumpy()`` and ``mx.nd.array(..., ctx=...)``.  The CustomOp path writes the result
-straight into the buffer MXNet allocated for it (float32/float64 with ``req="write"``;
-otherwise, and for ROIPooling's ``maxidx``, one copy through ``CustomOp.assign``); the
-gradient is copied once into MXNet's gradient buffer.
+Devices
+-------
+roicore computes on the CPU.  An NDArray on another device is copied to the host and the
+result back, with a :class:`roicore.adapters.DeviceCopyWarning` once per device, or
+refused (ValueError naming the device) under
+``roicore.adapters.set_device_policy("error")``.  ``cpu_pinned`` memory is host memory and
+is read without a warning.  Results are returned on the input's context.
 
-Importing this module imports mxnet.  MXNet 1.9.1 reads NumPy names that NumPy 1.24 and
-2.x removed (``np.bool``, ``np.PZERO``, ...); the missing ones are set for the duration of
-``import mxnet`` and removed again, so NumPy is left as it was found.
+Import order
+------------
+MXNet 1.9.1 reads NumPy names that NumPy 1.24 and 2.x removed (``np.bool``, ``np.PZERO``,
+...), so ``import mxnet`` alone fails under them, before roicore is involved.  Import this
+module first: it sets the missing names for the duration of ``import mxnet`` and removes
+them again, leaving NumPy as it found it.  If an earlier ``import mxnet`` in the process
+failed for that reason, importing this module discards its half-imported modules and
+imports mxnet afresh.
 
 Maintenance only: MXNet is retired.
 """
 from __future__ import annotations
 
 import ast
+import collections
+import contextlib
 import math
 import numbers
+import re
 import sys
 import threading
 
@@ -75,11 +97,12 @@ import numpy as np
 
 import roicore.core as core
 
-from ._common import require
+from ._common import off_host, require
 
 __all__ = ["ROIPooling", "PSROIPooling", "ROIAlign"]
 
 
+# ------------------------------------------------------------------------------ import
 def _numpy_stub(name):
     def stub(*args, **kwargs):
         raise NotImplementedError(f"numpy.{name} was removed from NumPy; this placeholder only "
@@ -109,6 +132,10 @@ def _import_mxnet():
     """Import mxnet, adding the NumPy names it needs only while it imports."""
     if sys.modules.get("mxnet") is not None:
         return sys.modules["mxnet"]
+    # A failed ``import mxnet`` (the NumPy names above) leaves its finished submodules in
+    # sys.modules; importing mxnet over them gives a package without its attributes.
+    for name in [m for m in sys.modules if m.startswith("mxnet.")]:
+        del sys.modules[name]
     namespace = vars(np)
     added = {name: value for name, value in _numpy_aliases().items() if name not in namespace}
     for name, value in added.items():
@@ -119,7 +146,8 @@ def _import_mxnet():
         except AttributeError as exc:  # a NumPy name this list does not know yet
             raise ImportError(
                 f"roicore.adapters.mxnet could not import mxnet under NumPy {np.__version__} "
-                f"({exc}); MXNet 1.9.1 is known to work with NumPy 1.23-2.4"
+                f"({exc}); through this module MXNet 1.9.1 imports under NumPy 1.23 to 2.4: "
+                "pip install 'numpy<2.5'"
             ) from exc
     finally:
         for name, value in added.items():
@@ -148,11 +176,82 @@ def _default_n_threads():
 _DEFAULT_N_THREADS = _default_n_threads()
 
 
+# ------------------------------------------------------------------------------ errors
+class _ErrorRelay:
+    """roicore's exceptions from inside MXNet's engine, kept for the MXNetError that reports them.
+
+    A CustomOp callback that raises makes MXNet print the traceback and raise, at the
+    next wait, an MXNetError whose message only quotes the failed ``callbacks[kCustom...]``
+    check.  ``capture`` keeps each exception under the name of that callback; ``take``
+    hands out the oldest one kept for it (the engine reports failures in the order the
+    callbacks ran).
+    """
+
+    _CALLBACK = re.compile(r"callbacks\[(kCustom\w+)\]")
+
+    def __init__(self, size=64):
+        self._lock = threading.Lock()
+        self._kept = collections.deque(maxlen=size)
+
+    @contextlib.contextmanager
+    def capture(self, callback):
+        try:
+            yield
+        except Exception as exc:
+            with self._lock:
+                self._kept.append((callback, exc))
+            raise
+
+    def take(self, message):
+        match = self._CALLBACK.search(message)
+        if match is None:
+            return None
+        with self._lock:
+            for i, (callback, exc) in enumerate(self._kept):
+                if callback == match.group(1):
+                    del self._kept[i]
+                    return exc
+        return None
+
+
+_relay = _ErrorRelay()
+_RERAISED = {}
+
+
+def _reraised_type(cls):
+    """``cls`` that is also an MXNetError, so that code catching either catches it."""
+    if cls not in _RERAISED:
+        _RERAISED[cls] = type(cls.__name__, (cls, mx.base.MXNetError),
+                              {"__module__": __name__, "__qualname__": cls.__name__})
+    return _RERAISED[cls]
+
+
+_MXNET_ERROR = mx.base.error_types.get("MXNetError", mx.base.MXNetError)
+
+
+def _translate_mxnet_error(message):
+    """MXNet's error translation for its "MXNetError" messages: the exception a roicore
+    callback raised where the message reports one, else what it was before."""
+    exc = _relay.take(message)
+    if exc is None:
+        return _MXNET_ERROR(message)
+    try:
+        return _reraised_type(type(exc))(*exc.args)
+    except TypeError:  # an exception class with another constructor
+        return _reraised_type(RuntimeError)(f"{type(exc).__name__}: {exc}")
+
+
+mx.error.register("MXNetError", _translate_mxnet_error)
+
+
 # ------------------------------------------------------------------------------ conversion
-def _as_numpy(a):
-    """A NumPy view of a CPU NDArray (read-only, no copy); a copy for other devices."""
-    if a.context.device_type == "cpu" and a.stype == "default" and a.size:
+def _on_host(a, argument):
+    """A read-only NumPy view of NDArray ``a`` on the host; a copy where it lives elsewhere."""
+    device = a.context.device_type
+    if device == "cpu" and a.stype == "default" and a.size:
         return np.from_dlpack(_DLPackReader(a))
+    if device not in ("cpu", "cpu_pinned"):
+        off_host("mxnet", argument, str(a.context))
     return a.asnumpy()
 
 
@@ -165,10 +264,19 @@ class _DLPackReader:
         self.array = array
 
     def __dlpack__(self, stream=None):
-        return mx.nd.to_dlpack_for_read(self.array)  # waits for pending writes
+        try:
+            return mx.nd.to_dlpack_for_read(self.array)  # waits for pending writes
+        except mx.base.MXNetError as exc:
+            if "MKLDNN" not in str(exc):
+                raise
+        # oneDNN's blocked layout (a convolution's output), which MXNet does not export:
+        # a copy comes in the default layout, and the user's array stays as it is for
+        # the oneDNN layers that read it next
+        self.array = self.array.copy()
+        return mx.nd.to_dlpack_for_read(self.array)
 
     def __dlpack_device__(self):
-        return (1, 0)  # kDLCPU
+        return (1, 0)  # kDLCPU (MXNet's cpu(i) are all host memory)
 
 
 class _DLPackWriter(_DLPackReader):
@@ -201,13 +309,13 @@ def _output_view(a, dtype):
 
 
 def _as_ndarray(a, ctx):
-    """An NDArray on ``ctx`` holding NumPy array ``a`` (shared, not copied, on CPU)."""
-    if ctx.device_type == "cpu" and a.size and a.flags.c_contiguous and a.flags.writeable:
+    """An NDArray on ``ctx`` holding NumPy array ``a`` (shared, not copied, on cpu(0))."""
+    if ctx == mx.cpu(0) and a.size and a.flags.c_contiguous and a.flags.writeable:
         return mx.nd.from_dlpack(a.__dlpack__())
     return mx.nd.array(a, ctx=ctx, dtype=a.dtype)
 
 
-# ------------------------------------------------------------------------------ validation
+# ------------------------------------------------------------------------------ arguments
 def _check_scale(spatial_scale):
     if isinstance(spatial_scale, (bool, np.bool_)) or not isinstance(spatial_scale, numbers.Real):
         raise TypeError(f"spatial_scale must be a real number, got "
@@ -218,18 +326,41 @@ def _check_scale(spatial_scale):
     return float(spatial_scale)
 
 
+def _check_int(value, name, low):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value}")
+    return int(value)
+
+
+def _pair(pooled_size):
+    """MXNet's pooled_size for ROIPooling and ROIAlign: (h, w), or one int for both."""
+    if pooled_size is None:
+        raise TypeError("pooled_size is required")
+    size = tuple(pooled_size) if isinstance(pooled_size, (tuple, list)) else (pooled_size,) * 2
+    if len(size) != 2:
+        raise ValueError(f"pooled_size must be (h, w), got {pooled_size!r}")
+    return tuple(_check_int(v, "pooled_size", 1) for v in size)
+
+
 def _check_rois_shape(shape):
     if len(shape) != 2 or shape[1] != 5:
         raise ValueError(f"rois must have shape (R, 5) [batch, x1, y1, x2, y2], got shape "
                          f"{tuple(shape)}")
 
 
-def _check_inputs(data, rois, op):
-    mod = mx.nd.NDArray
-    if not isinstance(data, mod) or not isinstance(rois, mod):
-        raise TypeError(f"{op} takes data and rois as both mx.nd.NDArray or both mx.sym.Symbol, "
-                        f"got {type(data).__name__} and {type(rois).__name__}")
-    _check_rois_shape(rois.shape)
+def _check_data_shape(shape):
+    if len(shape) != 4:
+        raise ValueError(f"data must be a 4-D (N, C, H, W) tensor, got shape {tuple(shape)}")
+
+
+def _check_psroi_channels(channels, params):
+    group = params["group_size"] or params["pooled_size"]
+    if channels != params["output_dim"] * group * group:
+        raise ValueError(f"data must have output_dim * group_size**2 = "
+                         f"{params['output_dim']} * {group}**2 = "
+                         f"{params['output_dim'] * group * group} channels, got {channels}")
 
 
 def _threads(n_threads):
@@ -239,51 +370,25 @@ def _threads(n_threads):
     return n_threads
 
 
-def _pair(pooled_size):
-    if pooled_size is None:
-        raise TypeError("pooled_size is required")
-    return tuple(pooled_size) if isinstance(pooled_size, (tuple, list)) else (pooled_size,) * 2
-
-
 def _parse(value):
     """A CustomOpProp attribute (MXNet passes them as strings) back to a Python value."""
     return ast.literal_eval(value) if isinstance(value, str) else value
 
 
-def _write_out(out, op, params, data, rois):
-    """Forward into MXNet-style ``out=``: an NDArray, or [output, maxidx] for ROIPooling."""
-    if mx.autograd.is_recording():
-        raise ValueError(f"{op}: out= is not supported under mx.autograd.record(); use the "
-                         "returned NDArray")
-    outs = list(out) if isinstance(out, (list, tuple)) else [out]
-    if not 1 <= len(outs) <= (2 if op == "ROIPooling" else 1):
-        raise ValueError(f"{op}: out must be an NDArray"
-                         + (" or a list [output, maxidx]" if op == "ROIPooling" else ""))
-    x, r = _as_numpy(data), _as_numpy(rois)
-    view = _output_view(outs[0], x.dtype) if isinstance(outs[0], mx.nd.NDArray) else None
-    if view is not None and (np.shares_memory(view, x) or np.shares_memory(view, r)):
-        view = None  # out aliases an input: compute first, then copy
-    results = _OPS[op][0](params, x, r, out=view, argmax=len(outs) > 1)
-    for i, (dst, src) in enumerate(zip(outs, results)):
-        if i or view is None:
-            dst[:] = src
-    return out
-
-
 # ------------------------------------------------------------------------------ core calls
 # Each op is (forward(params, x, rois, out, argmax) -> outputs,
-#             backward(params, dy, rois, x_shape, outputs)).
-# ``out``: None or the array to write the output into; ``argmax``: whether ROIPooling also
-# returns its argmax (MXNet's maxidx, needed by its backward only).
+#             backward(params, dy, rois, x_shape, outputs, out) -> dx).
+# ``out``: None or the array to write into; ``argmax``: whether ROIPooling also returns its
+# argmax (MXNet's maxidx, needed by its backward only).  ``rois`` have no masked rows here.
 def _roi_pool_forward(p, x, rois, out=None, argmax=True):
     res = core.roi_pool(x, rois, p["pooled_size"], p["spatial_scale"], convention="mxnet",
                         return_argmax=argmax, n_threads=p["n_threads"], out=out)
     return res if argmax else (res,)
 
 
-def _roi_pool_backward(p, dy, rois, x_shape, outputs):
+def _roi_pool_backward(p, dy, rois, x_shape, outputs, out=None):
     return core.roi_pool_backward(dy, rois, x_shape, p["spatial_scale"], convention="mxnet",
-                                  argmax=outputs[1], n_threads=p["n_threads"])
+                                  argmax=outputs[1], n_threads=p["n_threads"], out=out)
 
 
 def _psroi_forward(p, x, rois, out=None, argmax=True):
@@ -292,10 +397,10 @@ def _psroi_forward(p, x, rois, out=None, argmax=True):
                             convention="mxnet", n_threads=p["n_threads"], out=out),)
 
 
-def _psroi_backward(p, dy, rois, x_shape, outputs):
+def _psroi_backward(p, dy, rois, x_shape, outputs, out=None):
     return core.psroi_pool_backward(dy, rois, x_shape, p["spatial_scale"],
                                     group_size=p["group_size"] or None, convention="mxnet",
-                                    n_threads=p["n_threads"])
+                                    n_threads=p["n_threads"], out=out)
 
 
 def _align_forward(p, x, rois, out=None, argmax=True):
@@ -303,9 +408,10 @@ def _align_forward(p, x, rois, out=None, argmax=True):
                            p["aligned"], convention="mxnet", n_threads=p["n_threads"], out=out),)
 
 
-def _align_backward(p, dy, rois, x_shape, outputs):
+def _align_backward(p, dy, rois, x_shape, outputs, out=None):
     return core.roi_align_backward(dy, rois, x_shape, p["spatial_scale"], p["sample_ratio"],
-                                   p["aligned"], convention="mxnet", n_threads=p["n_threads"])
+                                   p["aligned"], convention="mxnet", n_threads=p["n_threads"],
+                                   out=out)
 
 
 _OPS = {
@@ -313,6 +419,41 @@ _OPS = {
     "PSROIPooling": (_psroi_forward, _psroi_backward),
     "ROIAlign": (_align_forward, _align_backward),
 }
+
+
+def _kept_rows(rois):
+    """Indices of the rows that are not masked, or None when no row is.
+
+    A row is masked when its batch index is a negative integer; other invalid indices
+    (fractions, NaN, >= N) stay for the core to reject."""
+    batch = rois[:, 0]
+    masked = (batch < 0) & (batch == np.floor(batch)) & np.isfinite(batch)
+    return np.flatnonzero(~masked) if masked.any() else None
+
+
+def _forward(op, params, x, rois, out=None, argmax=True):
+    """The op's outputs; masked rows give 0 (ROIPooling's argmax -1, as MXNet's maxidx)."""
+    forward = _OPS[op][0]
+    kept = _kept_rows(rois)
+    if kept is None:
+        return forward(params, x, rois, out=out, argmax=argmax)
+    outputs = []
+    for i, part in enumerate(forward(params, x, rois[kept], argmax=argmax)):
+        full = out if i == 0 and out is not None else np.empty((len(rois),) + part.shape[1:],
+                                                                part.dtype)
+        full.fill(0 if i == 0 else -1)
+        full[kept] = part
+        outputs.append(full)
+    return tuple(outputs)
+
+
+def _backward(op, params, dy, rois, x_shape, outputs, out=None):
+    """The gradient with respect to data; masked rows add nothing."""
+    kept = _kept_rows(rois)
+    if kept is not None:
+        dy, rois = dy[kept], rois[kept]
+        outputs = tuple(o if o is None else o[kept] for o in outputs)
+    return _OPS[op][1](params, dy, rois, x_shape, outputs, out=out)
 
 
 # ------------------------------------------------------------------------------ imperative
@@ -328,11 +469,12 @@ class _Function(mx.autograd.Function):
 
     def __init__(self, op, params):
         super().__init__()
-        self._forward, self._backward = _OPS[op]
+        self._op = op
         self._params = params
 
     def forward(self, data, rois):
-        outputs = self._forward(self._params, _as_numpy(data), _as_numpy(rois), argmax=True)
+        outputs = _forward(self._op, self._params, _on_host(data, "data"),
+                           _on_host(rois, "rois"), argmax=True)
         self._outputs = outputs[1:]  # ROIPooling's argmax (NumPy, owned here)
         self._x_shape = data.shape
         # the input only where the backward may have to recompute an argmax
@@ -340,30 +482,71 @@ class _Function(mx.autograd.Function):
         return _as_ndarray(outputs[0], data.context)
 
     def backward(self, dy):
-        rois, *data = self.saved_tensors
-        outputs = self._outputs
-        if outputs is None:  # released by an earlier backward (retain_graph=True)
-            outputs = self._forward(self._params, _as_numpy(data[0]), _as_numpy(rois),
-                                    argmax=True)[1:]
-        if outputs:
-            self._outputs = None
-        dx = self._backward(self._params, _as_numpy(dy), _as_numpy(rois), self._x_shape,
-                            (None,) + tuple(outputs))
-        return _as_ndarray(dx, dy.context), mx.nd.zeros_like(rois)
+        with _relay.capture("kCustomFunctionBackward"):
+            rois, *data = self.saved_tensors
+            r = _on_host(rois, "rois")
+            outputs = self._outputs
+            if outputs is None:  # released by an earlier backward (retain_graph=True)
+                outputs = _forward(self._op, self._params, _on_host(data[0], "data"), r,
+                                   argmax=True)[1:]
+            if outputs:
+                self._outputs = None
+            dx = _backward(self._op, self._params, _on_host(dy, "out_grad"), r,
+                           self._x_shape, (None,) + tuple(outputs))
+            return _as_ndarray(dx, dy.context), mx.nd.zeros_like(rois)
+
+
+def _check_inputs(data, rois, op):
+    mod = mx.nd.NDArray
+    if not isinstance(data, mod) or not isinstance(rois, mod):
+        raise TypeError(f"{op} takes data and rois as both mx.nd.NDArray or both mx.sym.Symbol, "
+                        f"got {type(data).__name__} and {type(rois).__name__}")
+    _check_data_shape(data.shape)
+    _check_rois_shape(rois.shape)
+
+
+def _write_out(out, op, params, data, rois):
+    """Forward into MXNet-style ``out=``: an NDArray, or [output, maxidx] for ROIPooling."""
+    if mx.autograd.is_recording():
+        raise ValueError(f"{op}: out= is not supported under mx.autograd.record(); use the "
+                         "returned NDArray")
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    if not 1 <= len(outs) <= (2 if op == "ROIPooling" else 1):
+        raise ValueError(f"{op}: out must be an NDArray"
+                         + (" or a list [output, maxidx]" if op == "ROIPooling" else ""))
+    x, r = _on_host(data, "data"), _on_host(rois, "rois")
+    view = _output_view(outs[0], x.dtype) if isinstance(outs[0], mx.nd.NDArray) else None
+    if view is not None and (np.shares_memory(view, x) or np.shares_memory(view, r)):
+        view = None  # out aliases an input: compute first, then copy
+    results = _forward(op, params, x, r, out=view, argmax=len(outs) > 1)
+    for i, (dst, src) in enumerate(zip(outs, results)):
+        if i or view is None:
+            dst[:] = src
+    return out
+
+
+def _symbol(op, data, rois, params, name):
+    """The op in a graph: ``Custom`` between layout-normalising native ops (module doc)."""
+    attrs = {k: repr(v) for k, v in params.items()}
+    data = mx.sym.reshape(data, shape=(-2,))
+    rois = mx.sym.reshape(rois, shape=(-2,))
+    sym = mx.sym.Custom(data, rois, op_type=f"roicore_{op}", name=name, **attrs)
+    return mx.sym.slice_axis(sym[0] if op == "ROIPooling" else sym, axis=0, begin=0, end=None)
 
 
 def _call(op, data, rois, params, out, name):
     if isinstance(data, mx.sym.Symbol) or isinstance(rois, mx.sym.Symbol):
         if out is not None:
             raise ValueError(f"{op}: out= applies to NDArray inputs only")
-        attrs = {k: repr(v) for k, v in params.items()}
-        sym = mx.sym.Custom(data, rois, op_type=f"roicore_{op}", name=name, **attrs)
-        return sym[0] if op == "ROIPooling" else sym
+        return _symbol(op, data, rois, params, name)
     _check_inputs(data, rois, op)
+    if op == "PSROIPooling":
+        _check_psroi_channels(data.shape[1], params)
     if out is not None:
         return _write_out(out, op, params, data, rois)
     if not mx.autograd.is_recording():  # no gradient can be asked for: no argmax either
-        y = _OPS[op][0](params, _as_numpy(data), _as_numpy(rois), argmax=False)[0]
+        y = _forward(op, params, _on_host(data, "data"), _on_host(rois, "rois"),
+                     argmax=False)[0]
         return _as_ndarray(y, data.context)
     return _Function(op, params)(data, rois)
 
@@ -371,12 +554,52 @@ def _call(op, data, rois, params, out, name):
 # ------------------------------------------------------------------------------ public API
 def ROIPooling(data=None, rois=None, pooled_size=None, spatial_scale=None, out=None, name=None,
                *, n_threads=None):
-    """RoI max pooling, as ``mx.nd.ROIPooling`` / ``mx.sym.ROIPooling``.
+    """Region-of-interest max pooling (Fast R-CNN), as ``mx.nd.ROIPooling`` and
+    ``mx.sym.ROIPooling``.
 
-    data : NDArray or Symbol (N, C, H, W); rois : (R, 5) [batch, x1, y1, x2, y2].
-    pooled_size : (PH, PW); spatial_scale : float in (0, 1].
-    Returns (R, C, PH, PW).  The gradient goes to the max of each bin (first maximum in
-    row-major order); empty bins give 0 and no gradient.
+    Each RoI is scaled by ``spatial_scale``, rounded to feature-map pixels (halves away from
+    zero), given an inclusive extent of at least one pixel and split into a
+    ``pooled_size`` grid of bins; each output is the maximum of its bin.  An empty bin
+    gives 0.  The gradient goes to the first maximum of each bin in row-major order.
+
+    Parameters
+    ----------
+    data : NDArray or Symbol
+        The feature map, (N, C, H, W), float16, float32 or float64.
+    rois : NDArray or Symbol
+        (R, 5) rows ``[batch_index, x1, y1, x2, y2]`` in image coordinates.  A negative
+        integer batch index masks the row (output 0, no gradient).
+    pooled_size : tuple of (int, int) or int
+        Output height and width, each >= 1.
+    spatial_scale : float
+        Ratio of feature-map size to image size, in (0, 1].
+    out : NDArray or list of NDArray, optional
+        NDArray input only: the array to write the output into, or
+        ``[output, maxidx]`` to also get MXNet's hidden argmax output (int32, the flat index
+        into ``data``, -1 for an empty bin).  Not under ``mx.autograd.record()``.
+    name : str, optional
+        Symbol input only: the name of the graph node.
+    n_threads : int, optional
+        roicore's OpenMP threads; None for ``OMP_NUM_THREADS``, else every CPU.
+
+    Returns
+    -------
+    NDArray or Symbol
+        (R, C, pooled_size[0], pooled_size[1]), data's dtype and context.
+
+    Examples
+    --------
+    >>> x = mx.nd.arange(48).reshape((1, 1, 8, 6))
+    >>> ROIPooling(x, mx.nd.array([[0, 0, 0, 4, 4]]), pooled_size=(2, 2),
+    ...            spatial_scale=0.7)[0, 0].asnumpy()
+    array([[ 7.,  9.],
+           [19., 21.]], dtype=float32)
+
+    Differences from MXNet
+    ----------------------
+    A batch index >= N raises ValueError (MXNet writes 0); ``spatial_scale=0`` raises
+    (MXNet collapses every box to pixel (0, 0)); ``rois`` of another float dtype than
+    ``data`` are cast to it (MXNet raises); float16 is computed in float32.
     """
     params = {"pooled_size": _pair(pooled_size), "spatial_scale": _check_scale(spatial_scale),
               "n_threads": _threads(n_threads)}
@@ -385,31 +608,131 @@ def ROIPooling(data=None, rois=None, pooled_size=None, spatial_scale=None, out=N
 
 def PSROIPooling(data=None, rois=None, spatial_scale=None, output_dim=None, pooled_size=None,
                  group_size=0, out=None, name=None, *, n_threads=None):
-    """Position-sensitive RoI average pooling (R-FCN), as ``mx.nd.contrib.PSROIPooling``.
+    """Position-sensitive RoI average pooling (R-FCN), as ``mx.nd.contrib.PSROIPooling``
+    and ``mx.sym.contrib.PSROIPooling``.
 
-    data : (N, output_dim * G * G, H, W) with G = group_size, or pooled_size when 0.
-    Returns (R, output_dim, pooled_size, pooled_size).
+    Each RoI is split into ``pooled_size`` x ``pooled_size`` bins; output channel ``d``
+    of bin ``(i, j)`` is the average of the bin over the input channel of group cell
+    ``(i, j)`` of ``d`` (cell ``(i * G // pooled_size, j * G // pooled_size)`` with
+    G = ``group_size``).  An empty bin gives 0.
+
+    Parameters
+    ----------
+    data : NDArray or Symbol
+        The score maps, (N, output_dim * G * G, H, W), float16, float32 or float64.
+    rois : NDArray or Symbol
+        (R, 5) rows ``[batch_index, x1, y1, x2, y2]`` in image coordinates.  A negative
+        integer batch index masks the row (output 0, no gradient).
+    spatial_scale : float
+        Ratio of feature-map size to image size, in (0, 1].
+    output_dim : int
+        Output channels, >= 1.
+    pooled_size : int
+        Output height and width (square), >= 1.
+    group_size : int, optional
+        G, the side of the grid of position-sensitive channel groups; 0 (default) means
+        ``pooled_size``.
+    out : NDArray, optional
+        NDArray input only: the array to write the output into.  Not under
+        ``mx.autograd.record()``.
+    name : str, optional
+        Symbol input only: the name of the graph node.
+    n_threads : int, optional
+        roicore's OpenMP threads; None for ``OMP_NUM_THREADS``, else every CPU.
+
+    Returns
+    -------
+    NDArray or Symbol
+        (R, output_dim, pooled_size, pooled_size), data's dtype and context.
+
+    Examples
+    --------
+    >>> x = mx.nd.arange(288).reshape((1, 8, 6, 6))
+    >>> PSROIPooling(x, mx.nd.array([[0, 0, 0, 3, 3]]), spatial_scale=1.0, output_dim=2,
+    ...              pooled_size=2)[0, 0].asnumpy()
+    array([[  3.5,  41.5],
+           [ 87.5, 125.5]], dtype=float32)
+
+    Differences from MXNet
+    ----------------------
+    data must have exactly ``output_dim * G * G`` channels and every batch index must be
+    masked or in [0, N), else ValueError (MXNet reads out of bounds or ignores the extra
+    channels); masked rows give 0; ``spatial_scale=0`` raises (MXNet collapses every box
+    to a point); ``rois`` of another float dtype than ``data`` are cast to it (MXNet
+    raises); float16 is computed in float32.
     """
-    params = {"spatial_scale": _check_scale(spatial_scale), "output_dim": output_dim,
-              "pooled_size": pooled_size, "group_size": group_size,
+    params = {"spatial_scale": _check_scale(spatial_scale),
+              "output_dim": _check_int(output_dim, "output_dim", 1),
+              "pooled_size": _check_int(pooled_size, "pooled_size", 1),
+              "group_size": _check_int(group_size, "group_size", 0),
               "n_threads": _threads(n_threads)}
     return _call("PSROIPooling", data, rois, params, out, name)
 
 
 def ROIAlign(data=None, rois=None, pooled_size=None, spatial_scale=None, sample_ratio=-1,
              position_sensitive=False, aligned=False, out=None, name=None, *, n_threads=None):
-    """RoIAlign (Mask R-CNN), as ``mx.nd.contrib.ROIAlign``.
+    """RoIAlign (Mask R-CNN), as ``mx.nd.contrib.ROIAlign`` and ``mx.sym.contrib.ROIAlign``.
 
-    sample_ratio : samples per bin axis, -1 or 0 for ``ceil(bin size)``.
-    aligned : shift boxes by half a pixel (pixel centres), MXNet's ``aligned``.
-    position_sensitive : only False is supported.
-    Returns (R, C, PH, PW).
+    Each RoI, scaled by ``spatial_scale`` (and shifted by half a pixel when ``aligned``),
+    is split into a ``pooled_size`` grid of bins; each output is the average of bilinear
+    samples on a regular grid in its bin.
+
+    Parameters
+    ----------
+    data : NDArray or Symbol
+        The feature map, (N, C, H, W), float16, float32 or float64.
+    rois : NDArray or Symbol
+        (R, 5) rows ``[batch_index, x1, y1, x2, y2]`` in image coordinates.  A negative
+        integer batch index masks the row (output 0, no gradient).
+    pooled_size : tuple of (int, int) or int
+        Output height and width, each >= 1.
+    spatial_scale : float
+        Ratio of feature-map size to image size, in (0, 1].
+    sample_ratio : int, optional
+        Samples per bin and axis; -1 (default) or 0 for ``ceil(bin size)``.
+    position_sensitive : bool, optional
+        Only False is supported.
+    aligned : bool, optional
+        Shift boxes by half a pixel so that coordinates address pixel centres
+        (Detectron2's ``aligned=True``).  Default False.
+    out : NDArray, optional
+        NDArray input only: the array to write the output into.  Not under
+        ``mx.autograd.record()``.
+    name : str, optional
+        Symbol input only: the name of the graph node.
+    n_threads : int, optional
+        roicore's OpenMP threads; None for ``OMP_NUM_THREADS``, else every CPU.
+
+    Returns
+    -------
+    NDArray or Symbol
+        (R, C, pooled_size[0], pooled_size[1]), data's dtype and context.
+
+    Examples
+    --------
+    >>> x = mx.nd.arange(48).reshape((1, 1, 8, 6))
+    >>> ROIAlign(x, mx.nd.array([[0, 0, 0, 4, 4]]), pooled_size=(2, 2), spatial_scale=1.0,
+    ...          sample_ratio=2)[0, 0].asnumpy()
+    array([[ 7.,  9.],
+           [19., 21.]], dtype=float32)
+
+    Differences from MXNet
+    ----------------------
+    Masked rows give 0 (MXNet leaves them unwritten and writes 0 into another RoI's first
+    element); a batch index >= N raises ValueError (MXNet reads out of bounds); with
+    ``aligned=True`` a box of size <= 0 gives 0 (MXNet aborts the process);
+    ``spatial_scale=0`` raises (MXNet collapses every box to a point); ``rois`` of another
+    float dtype than ``data`` are cast to it (MXNet raises); ``position_sensitive=True``
+    raises NotImplementedError; float16 is computed in float32.
     """
     if position_sensitive:
         raise NotImplementedError("ROIAlign(position_sensitive=True) is not implemented: "
                                   "roicore.core has no position-sensitive RoIAlign")
+    if isinstance(sample_ratio, (bool, np.bool_)) or not isinstance(sample_ratio, numbers.Integral):
+        raise TypeError(f"sample_ratio must be an int, got {type(sample_ratio).__name__}")
     params = {"pooled_size": _pair(pooled_size), "spatial_scale": _check_scale(spatial_scale),
-              "sample_ratio": sample_ratio, "aligned": aligned, "n_threads": _threads(n_threads)}
+              "sample_ratio": int(sample_ratio), "aligned": bool(aligned),
+              "n_threads": _threads(n_threads)}
     return _call("ROIAlign", data, rois, params, out, name)
 
 
@@ -418,25 +741,30 @@ class _CustomOp(mx.operator.CustomOp):
     def __init__(self, op, params):
         super().__init__()
         self._op = op
-        self._forward, self._backward = _OPS[op]
         self._params = params
 
     def forward(self, is_train, req, in_data, out_data, aux):
         # maxidx is computed even when not is_train: under record(train_mode=False) MXNet
         # still runs the backward, and nothing here tells whether it will.
-        x = _as_numpy(in_data[0])
-        view = _output_view(out_data[0], x.dtype) if req[0] == "write" else None
-        results = self._forward(self._params, x, _as_numpy(in_data[1]), out=view, argmax=True)
-        for i, (dst, r, src) in enumerate(zip(out_data, req, results)):
-            if i or view is None:
-                self.assign(dst, r, _as_ndarray(src, dst.context))
+        with _relay.capture("kCustomOpForward"):
+            x = _on_host(in_data[0], "data")
+            view = _output_view(out_data[0], x.dtype) if req[0] == "write" else None
+            results = _forward(self._op, self._params, x, _on_host(in_data[1], "rois"),
+                               out=view, argmax=True)
+            for i, (dst, r, src) in enumerate(zip(out_data, req, results)):
+                if i or view is None:
+                    self.assign(dst, r, _as_ndarray(src, dst.context))
 
     def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
-        outputs = (None,) + tuple(_as_numpy(o) for o in out_data[1:])
-        dx = self._backward(self._params, _as_numpy(out_grad[0]), _as_numpy(in_data[1]),
-                            in_grad[0].shape, outputs)
-        self.assign(in_grad[0], req[0], _as_ndarray(dx, in_grad[0].context))
-        self.assign(in_grad[1], req[1], 0)
+        with _relay.capture("kCustomOpBackward"):
+            dy = _on_host(out_grad[0], "out_grad")
+            view = _output_view(in_grad[0], dy.dtype) if req[0] == "write" else None
+            outputs = (None,) + tuple(_on_host(o, "maxidx") for o in out_data[1:])
+            dx = _backward(self._op, self._params, dy, _on_host(in_data[1], "rois"),
+                           in_grad[0].shape, outputs, out=view)
+            if view is None:
+                self.assign(in_grad[0], req[0], _as_ndarray(dx, in_grad[0].context))
+            self.assign(in_grad[1], req[1], 0)
 
 
 class _Prop(mx.operator.CustomOpProp):
@@ -453,23 +781,27 @@ class _Prop(mx.operator.CustomOpProp):
         return ["output"]
 
     def _out_shape(self, data_shape, rois_shape):
-        raise NotImplementedError
+        return [rois_shape[0], data_shape[1], *self._params["pooled_size"]]
 
     def infer_shape(self, in_shape):
-        data_shape, rois_shape = in_shape
-        if len(data_shape) != 4:
-            raise ValueError(f"{self.op}: data must be a 4-D (N, C, H, W) tensor, got shape "
-                             f"{tuple(data_shape)}")
-        _check_rois_shape(rois_shape)
-        out = self._out_shape(data_shape, rois_shape)
-        return [data_shape, rois_shape], [out] * len(self.list_outputs()), []
+        with _relay.capture("kCustomOpPropInferShape"):
+            data_shape, rois_shape = in_shape
+            _check_data_shape(data_shape)
+            _check_rois_shape(rois_shape)
+            out = self._out_shape(data_shape, rois_shape)
+            return [data_shape, rois_shape], [out] * len(self.list_outputs()), []
 
     def infer_type(self, in_type):
         dtype = in_type[0]
-        return [dtype, dtype], [dtype], []
+        return [dtype, dtype], [dtype] + [np.int32] * (len(self.list_outputs()) - 1), []
 
     def declare_backward_dependency(self, out_grad, in_data, out_data):
-        return [out_grad[0], in_data[1]]
+        # Everything, though the backward reads only out_grad[0], rois (and maxidx): MXNet
+        # 1.9 decides which backward arrays are empty from the dependencies declared last
+        # by *any* CustomOp in the process (a module-level set in mxnet/operator.py), and
+        # an empty array it takes for a dependency fails with "unknown storage type: -1".
+        # With no array left out, none is empty, whatever was declared last.
+        return list(out_grad) + list(in_data) + list(out_data)
 
     def create_operator(self, ctx, shapes, dtypes):
         return _CustomOp(self.op, self._params)
@@ -480,19 +812,9 @@ class _ROIPoolingProp(_Prop):
     op = "ROIPooling"
 
     def list_outputs(self):
-        return ["output", "maxidx"]
-
-    def _out_shape(self, data_shape, rois_shape):
-        return [rois_shape[0], data_shape[1], *self._params["pooled_size"]]
-
-    def infer_type(self, in_type):
         # MXNet's maxidx is int32 (without MXNET_USE_INT64_TENSOR_SIZE); so is this one,
         # which limits this path to data of fewer than 2**31 elements.
-        dtype = in_type[0]
-        return [dtype, dtype], [dtype, np.int32], []
-
-    def declare_backward_dependency(self, out_grad, in_data, out_data):
-        return [out_grad[0], in_data[1], out_data[1]]
+        return ["output", "maxidx"]
 
 
 @mx.operator.register("roicore_PSROIPooling")
@@ -500,13 +822,11 @@ class _PSROIPoolingProp(_Prop):
     op = "PSROIPooling"
 
     def _out_shape(self, data_shape, rois_shape):
+        _check_psroi_channels(data_shape[1], self._params)
         p = self._params["pooled_size"]
-        return [rois_shape[0], self._params["output_dim"], *_pair(p)]
+        return [rois_shape[0], self._params["output_dim"], p, p]
 
 
 @mx.operator.register("roicore_ROIAlign")
 class _ROIAlignProp(_Prop):
     op = "ROIAlign"
-
-    def _out_shape(self, data_shape, rois_shape):
-        return [rois_shape[0], data_shape[1], *self._params["pooled_size"]]
