@@ -95,6 +95,11 @@ static inline int roicore_stopping(roicore_run *run) {
     return __atomic_load_n(&run->stop, __ATOMIC_RELAXED);
 }
 
+/* Pieces of work larger than this many element visits (a bin of RoIAlign samples, a max-pool
+ * bin's pixels) check for a stop on their own, so that a hostile call stops within a
+ * fraction of a second however large its bins. */
+#define ROICORE_HEAVY_BIN 4096
+
 /* The status a finished call returns. */
 int roicore_run_status(const roicore_run *run, roicore_error *err);
 

@@ -80,6 +80,8 @@ VARIANT_ATTR ROICORE_INLINE void VNAME(max_box)(const MAX_OP *op, FWD_TASK *t,
         for (int64_t pw = pw0; pw < pw1; ++pw) {
             T *acc = t->acc + (ph * PW + pw - t->p0) * lanes;
             int32_t *arg = with_arg ? t->arg + (ph * PW + pw - t->p0) * lanes : NULL;
+            if ((he[ph] - hs[ph]) * (we[pw] - ws[pw]) >= ROICORE_HEAVY_BIN && roicore_stopping(t->run))
+                break;
             if (he[ph] <= hs[ph] || we[pw] <= ws[pw]) {  /* empty bin: 0, nothing to route to */
                 for (int64_t c = 0; c < lanes; ++c) acc[c] = 0;
                 if (arg) for (int64_t c = 0; c < lanes; ++c) arg[c] = -1;

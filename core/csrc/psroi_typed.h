@@ -146,29 +146,35 @@ ROICORE_INLINE void TYPED(cell_bin_mean)(const PLAN *c, int64_t k, int64_t k0, i
  * bin (the group is the pooled size, as in R-FCN and always in Paddle) gets a loop of its
  * own; NV > 0 fixes the vector count at compile time (the counts PS-RoI meets most). */
 ROICORE_INLINE void TYPED(cell_mean_nv)(const PLAN *c, int64_t cell, int64_t k0, int64_t k1,
-                                        const T *slab, int64_t img_size, T *dst, int NV) {
+                                        const T *slab, int64_t img_size, T *dst,
+                                        roicore_run *run, int NV) {
     const int64_t ph0 = c->r0[cell / c->GW], ph1 = c->r1[cell / c->GW];
     const int64_t pw0 = c->q0[cell % c->GW], pw1 = c->q1[cell % c->GW], cols = pw1 - pw0;
     if (ph1 - ph0 == 1 && cols == 1) {
-        for (int64_t k = k0; k < k1; ++k)
+        for (int64_t k = k0; k < k1; ++k) {
+            if ((k & 63) == 0 && roicore_stopping(run)) return;
             TYPED(cell_bin_mean)(c, k, k0, ph0, pw0, ph0, pw0, cols, slab, img_size, dst, NV);
+        }
         return;
     }
-    for (int64_t k = k0; k < k1; ++k)
+    for (int64_t k = k0; k < k1; ++k) {
+        if ((k & 63) == 0 && roicore_stopping(run)) return;
         for (int64_t ph = ph0; ph < ph1; ++ph)
             for (int64_t pw = pw0; pw < pw1; ++pw)
                 TYPED(cell_bin_mean)(c, k, k0, ph, pw, ph0, pw0, cols, slab, img_size, dst, NV);
+    }
 }
 
 ROICORE_CLONES static void TYPED(cell_mean)(const PLAN *c, int64_t cell, int64_t k0, int64_t k1,
-                                            const T *slab, int64_t img_size, T *dst) {
+                                            const T *slab, int64_t img_size, T *dst,
+                                            roicore_run *run) {
     switch (c->S / LANES) {
-    case 1: TYPED(cell_mean_nv)(c, cell, k0, k1, slab, img_size, dst, 1); break;
-    case 2: TYPED(cell_mean_nv)(c, cell, k0, k1, slab, img_size, dst, 2); break;
-    case 3: TYPED(cell_mean_nv)(c, cell, k0, k1, slab, img_size, dst, 3); break;
-    case 4: TYPED(cell_mean_nv)(c, cell, k0, k1, slab, img_size, dst, 4); break;
-    case 6: TYPED(cell_mean_nv)(c, cell, k0, k1, slab, img_size, dst, 6); break;
-    default: TYPED(cell_mean_nv)(c, cell, k0, k1, slab, img_size, dst, 0); break;
+    case 1: TYPED(cell_mean_nv)(c, cell, k0, k1, slab, img_size, dst, run, 1); break;
+    case 2: TYPED(cell_mean_nv)(c, cell, k0, k1, slab, img_size, dst, run, 2); break;
+    case 3: TYPED(cell_mean_nv)(c, cell, k0, k1, slab, img_size, dst, run, 3); break;
+    case 4: TYPED(cell_mean_nv)(c, cell, k0, k1, slab, img_size, dst, run, 4); break;
+    case 6: TYPED(cell_mean_nv)(c, cell, k0, k1, slab, img_size, dst, run, 6); break;
+    default: TYPED(cell_mean_nv)(c, cell, k0, k1, slab, img_size, dst, run, 0); break;
     }
 }
 
@@ -313,7 +319,7 @@ static int TYPED(psroi_forward)(PLAN *c, const roicore_tensor *x, const roicore_
                     if (roicore_stopping(run)) break;
                     for (int64_t n = 0; n < N; ++n)
                         TYPED(gather_slab)(x, n, g, G, c->D, S, mine + n * HW * S);
-                    TYPED(cell_mean)(c, g, k0, k1, mine, HW * S, staged + g * KB * M * S);
+                    TYPED(cell_mean)(c, g, k0, k1, mine, HW * S, staged + g * KB * M * S, run);
                     roicore_done(done_g);
                 }
                 if (roicore_await(done_g, G, run)) break;

@@ -252,6 +252,7 @@ ROICORE_CLONES static void TYPED(align_task)(const void *opv, FWD_TASK *t) {
         }
         const SAMPLES ys = TYPED(row_samples)(op, k, ph);
         for (int64_t pw = pw0; pw < pw1; ++pw) {
+            if (gy * gx >= ROICORE_HEAVY_BIN && roicore_stopping(t->run)) break;
             const SAMPLES xs = TYPED(column_samples)(op, k, pw);
             if (lanes == ROICORE_BLOCK_VECTORS * LANES)
                 TYPED(align_bin)(t->img, op->W, lanes, 0, ROICORE_BLOCK_VECTORS, ys, gy, xs, gx,
@@ -317,6 +318,7 @@ ROICORE_CLONES static void TYPED(align_grad_task)(const void *opv, BWD_TASK *t) 
         roicore_task_row(t->p0, t->p1, PW, ph, &pw0, &pw1);
         const SAMPLES ys = TYPED(row_samples)(op, k, ph);
         for (int64_t pw = pw0; pw < pw1; ++pw) {
+            if (gy * gx >= ROICORE_HEAVY_BIN && roicore_stopping(t->run)) return;
             const SAMPLES xs = TYPED(column_samples)(op, k, pw);
             const T *g = t->g + (ph * PW + pw - t->p0) * lanes;
             if (lanes == ROICORE_BLOCK_VECTORS * LANES)

@@ -3,8 +3,6 @@
 
 typedef float roicore_v8f32 __attribute__((vector_size(32)));
 typedef int32_t roicore_v8i32 __attribute__((vector_size(32)));
-typedef double roicore_v8f64 __attribute__((vector_size(64)));
-typedef int64_t roicore_v8i64 __attribute__((vector_size(64)));
 
 #define T float
 #define VT roicore_v8f32
@@ -17,13 +15,15 @@ typedef int64_t roicore_v8i64 __attribute__((vector_size(64)));
 #undef SFX
 
 #define T double
-#define VT roicore_v8f64
-#define MT roicore_v8i64
+#define VT4 roicore_vf64
+#define MT4 roicore_vm64
+#define TILE_4X4 1
 #define SFX f64
 #include "transpose_typed.h"
 #undef T
-#undef VT
-#undef MT
+#undef VT4
+#undef MT4
+#undef TILE_4X4
 #undef SFX
 
 #define T int32_t

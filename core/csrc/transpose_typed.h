@@ -1,9 +1,12 @@
 /* roicore_transpose_<SFX> for element type T; simd.c includes this once per type with
- * T, VT (a vector of 8 T), MT (its shuffle-mask type) and SFX defined.
+ * T, VT (a vector of 8 T), MT (its shuffle-mask type) and SFX defined, or for doubles
+ * VT4 and MT4 (vectors of 4) and TILE_4X4.
  *
  * Full 8 x 8 tiles are loaded as eight row vectors, transposed in registers with three
  * rounds of shuffles and stored as eight row vectors, so both sides move whole
- * cache-line pieces; edges fall back to scalar copies. */
+ * cache-line pieces; edges fall back to scalar copies.  Doubles take an 8 x 8 tile as four
+ * 4 x 4 tiles of 32-byte vectors: eight doubles are a 64-byte vector, which AVX2 holds in
+ * two registers and shuffles across at several times the cost. */
 
 #define ROW(r) ((r) < R ? (r) : R - 1)
 
@@ -12,7 +15,25 @@ ROICORE_INLINE void ROICORE_CAT(transpose_tile, SFX)(const T *restrict in, int64
                                                      int64_t R, T *restrict out,
                                                      int64_t out_stride, int64_t i, int64_t j,
                                                      int ncols) {
-#if defined(__GNUC__) && !defined(__clang__)
+#if defined(__GNUC__) && !defined(__clang__) && defined(TILE_4X4)
+    typedef VT4 VTu __attribute__((aligned(sizeof(T))));
+    for (int bi = 0; bi < 8; bi += 4)
+        for (int bj = 0; bj < 8; bj += 4) {
+            if (bj >= ncols) continue;  /* these out rows are not stored */
+            VT4 r[4], t[4];
+            for (int q = 0; q < 4; ++q) r[q] = *(const VTu *)(in + ROW(i + bi + q) * in_stride + j + bj);
+            t[0] = __builtin_shuffle(r[0], r[1], (MT4){0, 4, 2, 6});
+            t[1] = __builtin_shuffle(r[0], r[1], (MT4){1, 5, 3, 7});
+            t[2] = __builtin_shuffle(r[2], r[3], (MT4){0, 4, 2, 6});
+            t[3] = __builtin_shuffle(r[2], r[3], (MT4){1, 5, 3, 7});
+            const VT4 o[4] = {__builtin_shuffle(t[0], t[2], (MT4){0, 1, 4, 5}),
+                              __builtin_shuffle(t[1], t[3], (MT4){0, 1, 4, 5}),
+                              __builtin_shuffle(t[0], t[2], (MT4){2, 3, 6, 7}),
+                              __builtin_shuffle(t[1], t[3], (MT4){2, 3, 6, 7})};
+            for (int q = 0; q < 4; ++q)
+                if (bj + q < ncols) *(VTu *)(out + (j + bj + q) * out_stride + i + bi) = o[q];
+        }
+#elif defined(__GNUC__) && !defined(__clang__)
     typedef VT VTu __attribute__((aligned(sizeof(T))));
     VT r[8], t[8], u[8];
     for (int q = 0; q < 8; ++q) r[q] = *(const VTu *)(in + ROW(i + q) * in_stride + j);
