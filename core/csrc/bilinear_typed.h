@@ -116,10 +116,11 @@ static int TYPED(crop_run)(int forward, const roicore_bilinear_pool_rules *rules
                            const roicore_boxes *boxes, double fill, roicore_run *run,
                            roicore_error *err) {
     const int64_t K = boxes->k, PH = pooled->h, PW = pooled->w;
-    T *tables = (T *)roicore_scratch(roicore_mul(K, (PH + PW) * (int64_t)sizeof(T)),
+    T *tables = (T *)roicore_scratch(roicore_mul(K, (PH + PW) * (int64_t)sizeof(T)) + 8 + 32 * map->n,
                                      "bilinear sample tables", err);
     if (!tables) return err ? err->code : ROICORE_ERR_MEMORY;
     T *ys = tables, *xs = tables + K * PH;
+    int64_t *region = (int64_t *)((char *)tables + roicore_round_up(K * (PH + PW) * (int64_t)sizeof(T), 8));
     const T *c = (const T *)boxes->coords;
 #pragma omp parallel for num_threads(K >= 8192 ? run->n_threads : 1) schedule(static)
     for (int64_t k = 0; k < K; ++k) {
@@ -131,8 +132,28 @@ static int TYPED(crop_run)(int forward, const roicore_bilinear_pool_rules *rules
     const CROP_OP op = {ys, xs, map->h, map->w, PH, PW, rules->fused_lerp, (T)fill};
     int rc;
     if (forward) {
-        const FWD_JOB job = {map, pooled, boxes->batch, NULL, ROICORE_INT32, 0, &op,
-                             TYPED(crop_task)};
+        /* the rectangle each image's samples read: below 8192 boxes (one thread's tables) */
+        const int regions = K < 8192;
+        if (regions) {
+            roicore_region_init(region, map->n, map->h, map->w);
+            for (int64_t k = 0; k < K; ++k) {
+                if (boxes->batch[k] < 0) continue;
+                int64_t r0 = map->h, r1 = 0, c0 = map->w, c1 = 0;
+                for (int64_t p = 0; p < PH; ++p)
+                    if (TYPED(inside)(ys[k * PH + p], map->h)) {
+                        r0 = roicore_min64(r0, (int64_t)floor(ys[k * PH + p]));
+                        r1 = roicore_max64(r1, (int64_t)ceil(ys[k * PH + p]) + 1);
+                    }
+                for (int64_t p = 0; p < PW; ++p)
+                    if (TYPED(inside)(xs[k * PW + p], map->w)) {
+                        c0 = roicore_min64(c0, (int64_t)floor(xs[k * PW + p]));
+                        c1 = roicore_max64(c1, (int64_t)ceil(xs[k * PW + p]) + 1);
+                    }
+                roicore_region_include(region, boxes->batch[k], r0, r1, c0, c1);
+            }
+        }
+        const FWD_JOB job = {map, pooled, boxes->batch, NULL, ROICORE_INT32, 0,
+                             regions ? region : NULL, &op, TYPED(crop_task)};
         rc = ROICORE_CAT(roicore_blocked_forward, SFX)(&job, run, err);
     } else {
         const BWD_JOB job = {pooled, map, boxes->batch, &op, TYPED(crop_grad_task)};

@@ -6,7 +6,8 @@
  * counters, per-thread scratch and the write-out.
  *
  * Forward (max pooling, bilinear pooling, RoIAlign): x is copied once into blocks, each an
- * (H, W, lanes) array per image, so a block's pixels are contiguous vectors; a task pools
+ * (H, W, lanes) array per image, so a block's pixels are contiguous vectors (only the
+ * rectangle of each image that its boxes read, when the operator says which); a task pools
  * bins [p0, p1) of one box over one block into a (bin, lane) buffer, which the skeleton
  * transposes into the output's (channel, bin) planes (NCHW) or copies into its rows (NHWC),
  * through non-temporal stores spread over the thread's next task when the output is large.
@@ -37,6 +38,26 @@ static inline void roicore_task_row(int64_t p0, int64_t p1, int64_t PW, int64_t 
     *pw1 = ph == (p1 - 1) / PW ? (p1 - 1) % PW + 1 : PW;
 }
 
+/* The regions of a forward: per image n, region[4n .. 4n+3] = r0, r1, c0, c1, at first
+ * empty; each box widens its image's rectangle to take rows [r0, r1) and columns [c0, c1). */
+static inline void roicore_region_init(int64_t *region, int64_t n_images, int64_t H, int64_t W) {
+    for (int64_t n = 0; n < n_images; ++n) {
+        region[4 * n] = H;
+        region[4 * n + 1] = 0;
+        region[4 * n + 2] = W;
+        region[4 * n + 3] = 0;
+    }
+}
+static inline void roicore_region_include(int64_t *region, int64_t n, int64_t r0, int64_t r1,
+                                          int64_t c0, int64_t c1) {
+    if (r1 <= r0 || c1 <= c0) return;
+    int64_t *r = region + 4 * n;
+    r[0] = roicore_min64(r[0], r0);
+    r[1] = roicore_max64(r[1], r1);
+    r[2] = roicore_min64(r[2], c0);
+    r[3] = roicore_max64(r[3], c1);
+}
+
 #define ROICORE_DECLARE_BLOCKED(T, SFX)                                                        \
     typedef struct {                                                                           \
         int64_t k;                 /* the box */                                              \
@@ -57,6 +78,8 @@ static inline void roicore_task_row(int64_t p0, int64_t p1, int64_t PW, int64_t 
         void *argmax;                /* NULL, or an array of out's shape and layout */        \
         roicore_index_type argmax_type;                                                        \
         int global_argmax;           /* flat NCHW index into x rather than h*W + w */         \
+        const int64_t *region;       /* per image rows [r0, r1), columns [c0, c1) the tasks */\
+                                     /* read, besides pixel (0, 0); NULL: the whole map */    \
         const void *op;                                                                        \
         void (*pool)(const void *op, roicore_fwd_task_##SFX *task);                            \
     } roicore_fwd_job_##SFX;                                                                   \

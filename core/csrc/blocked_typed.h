@@ -17,17 +17,37 @@ static inline int64_t ROICORE_CAT(block_lanes, SFX)(int64_t nb, int64_t block) {
     return nb == block ? block : roicore_round_up(nb, 8);
 }
 
-/* Image n's channels c0 .. c0 + nb of x as an (H*W, lanes) array; padding lanes repeat
- * channel c0 + nb - 1. */
-static void ROICORE_CAT(pack_block, SFX)(const roicore_tensor *x, int64_t n, int64_t c0,
-                                         int64_t nb, int64_t lanes, T *dst) {
-    const int64_t C = x->c, HW = x->h * x->w;
+/* Image n's channels c0 .. c0 + nb of x as an (H*W, lanes) array, padding lanes repeating
+ * channel c0 + nb - 1: the pixels of rows [r0, r1) x columns [k0, k1) only. */
+static void ROICORE_CAT(pack_rect, SFX)(const roicore_tensor *x, int64_t n, int64_t c0,
+                                        int64_t nb, int64_t lanes, int64_t r0, int64_t r1,
+                                        int64_t k0, int64_t k1, T *dst) {
+    const int64_t C = x->c, W = x->w, HW = x->h * x->w;
     const T *data = (const T *)x->data;
-    if (x->layout == ROICORE_NCHW)
-        TRANSPOSE(data + (n * C + c0) * HW, HW, nb, HW, dst, lanes,
-                  lanes > nb ? ROICORE_PAD_ROWS : 0);
-    else
-        roicore_copy_rows(data + n * HW * C + c0, C, HW, nb, dst, lanes, lanes, sizeof(T));
+    const int whole_rows = k0 == 0 && k1 == W;  /* one run of pixels */
+    for (int64_t h = r0; h < r1; h = whole_rows ? r1 : h + 1) {
+        const int64_t p = h * W + k0, count = whole_rows ? (r1 - r0) * W : k1 - k0;
+        if (x->layout == ROICORE_NCHW)
+            TRANSPOSE(data + (n * C + c0) * HW + p, HW, nb, count, dst + p * lanes, lanes,
+                      lanes > nb ? ROICORE_PAD_ROWS : 0);
+        else
+            roicore_copy_rows(data + (n * HW + p) * C + c0, C, count, nb, dst + p * lanes, lanes,
+                              lanes, sizeof(T));
+    }
+}
+
+/* ... the rectangle the region gives for image n, and pixel (0, 0), which RoIAlign's
+ * samples outside the map read (with weight 0). */
+static void ROICORE_CAT(pack_block, SFX)(const roicore_tensor *x, const int64_t *region,
+                                         int64_t n, int64_t c0, int64_t nb, int64_t lanes,
+                                         T *dst) {
+    const int64_t H = x->h, W = x->w;
+    const int64_t *r = region ? region + 4 * n : NULL;
+    const int64_t r0 = r ? r[0] : 0, r1 = r ? r[1] : H, k0 = r ? r[2] : 0, k1 = r ? r[3] : W;
+    if (r1 > r0 && k1 > k0)
+        ROICORE_CAT(pack_rect, SFX)(x, n, c0, nb, lanes, r0, r1, k0, k1, dst);
+    if (!(r0 == 0 && k0 == 0 && r1 > 0 && k1 > 0))
+        ROICORE_CAT(pack_rect, SFX)(x, n, c0, nb, lanes, 0, 1, 0, 1, dst);
 }
 
 /* int32 argmax rows (`lanes` apart) of nbins bins and nb channels, to `isz`-byte indices in
@@ -99,7 +119,8 @@ int ROICORE_CAT(roicore_blocked_forward, SFX)(const FWD_JOB *job, roicore_run *r
         for (int64_t t = roicore_take(next_pack); t < N * n_cb; t = roicore_take(next_pack)) {
             if (roicore_stopping(run)) break;
             const int64_t cb = t / N, n = t % N, c0 = cb * B, nb = roicore_min64(B, C - c0);
-            ROICORE_CAT(pack_block, SFX)(x, n, c0, nb, ROICORE_CAT(block_lanes, SFX)(nb, B),
+            ROICORE_CAT(pack_block, SFX)(x, job->region, n, c0, nb,
+                                         ROICORE_CAT(block_lanes, SFX)(nb, B),
                                          xb + n * Cp * HW + c0 * HW);
             roicore_done(packed + cb * ROICORE_COUNTER_STRIDE);
         }

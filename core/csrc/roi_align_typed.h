@@ -77,8 +77,9 @@ ROICORE_INLINE SAMPLES TYPED(samples_at)(SAMPLES s, int64_t j) {
  * all channel blocks; otherwise (absurd boxes, few channels) each task builds the samples
  * of the bin it pools in per-thread scratch, so memory stays bounded by the output. */
 typedef struct {
-    int64_t K, H, W, PH, PW;
+    int64_t K, N, H, W, PH, PW;
     int sampler, empty_nan, divide;
+    int64_t *region;                   /* per image, the rectangle the samples read */
     T *ystart, *ybin, *xstart, *xbin;  /* per box */
     int64_t *ygrid, *xgrid;
     int64_t *yoff, *xoff;              /* per box, into the shared tables */
@@ -106,8 +107,8 @@ static int TYPED(align_tables)(ALIGN_OP *op, const roicore_boxes *boxes, double 
     const int64_t K = boxes->k, PH = op->PH, PW = op->PW;
     const T s = (T)scale, offset = aligned ? (T)0.5 : (T)0;
     const T *c = (const T *)boxes->coords;
-    char *box_mem = (char *)roicore_scratch(roicore_mul(K, 4 * (int64_t)sizeof(T) + 32) + 16,
-                                            "RoIAlign box tables", err);
+    char *box_mem = (char *)roicore_scratch(roicore_mul(K, 4 * (int64_t)sizeof(T) + 32) + 16 +
+                                                32 * op->N, "RoIAlign box tables", err);
     if (!box_mem) return err ? err->code : ROICORE_ERR_MEMORY;
     owned[0] = box_mem;
     op->ystart = (T *)box_mem;
@@ -118,6 +119,7 @@ static int TYPED(align_tables)(ALIGN_OP *op, const roicore_boxes *boxes, double 
     op->xgrid = op->ygrid + K;
     op->yoff = op->xgrid + K;
     op->xoff = op->yoff + K + 1;
+    op->region = op->xoff + K + 1;
     int64_t ny = 0, nx = 0, max_grid = 1;
     for (int64_t k = 0; k < K; ++k) {
         TYPED(align_axis)(c[4 * k + 1], c[4 * k + 3], s, offset, PH, sampling_ratio, min_size_one,
@@ -162,8 +164,29 @@ static int TYPED(align_tables)(ALIGN_OP *op, const roicore_boxes *boxes, double 
                 TYPED(bin_samples)(op->xstart[k], op->xbin[k], op->xgrid[k], p, op->W, op->sampler,
                                    TYPED(samples_at)(op->x, op->xoff[k] + p * op->xgrid[k]));
         }
+        if (K < 8192) {  /* the rectangle each image's samples read (index -1: none) */
+            roicore_region_init(op->region, op->N, op->H, op->W);
+            for (int64_t k = 0; k < K; ++k) {
+                if (op->ygrid[k] <= 0 || op->xgrid[k] <= 0) continue;
+                int64_t r0 = op->H, r1 = 0, c0 = op->W, c1 = 0;
+                for (int64_t j = op->yoff[k]; j < op->yoff[k + 1]; ++j)
+                    if (op->y.lo[j] >= 0) {
+                        r0 = roicore_min64(r0, op->y.lo[j]);
+                        r1 = roicore_max64(r1, op->y.hi[j] + 1);
+                    }
+                for (int64_t j = op->xoff[k]; j < op->xoff[k + 1]; ++j)
+                    if (op->x.lo[j] >= 0) {
+                        c0 = roicore_min64(c0, op->x.lo[j]);
+                        c1 = roicore_max64(c1, op->x.hi[j] + 1);
+                    }
+                roicore_region_include(op->region, boxes->batch[k], r0, r1, c0, c1);
+            }
+        } else {
+            op->region = NULL;
+        }
     } else {
         op->y.lo = NULL;
+        op->region = NULL;  /* samples built per bin: the whole map */
         op->piece_bytes = roicore_round_up(TYPED(samples_bytes)(2 * max_grid), ROICORE_LINE);
         op->pieces = (char *)roicore_scratch(n_threads * op->piece_bytes, "RoIAlign sample pieces", err);
         if (!op->pieces) return err ? err->code : ROICORE_ERR_MEMORY;
@@ -339,6 +362,7 @@ static int TYPED(align_run)(int forward, const roicore_roi_align_rules *rules,
     ALIGN_OP op;
     memset(&op, 0, sizeof op);
     op.K = boxes->k;
+    op.N = map->n;
     op.H = map->h;
     op.W = map->w;
     op.PH = pooled->h;
@@ -353,8 +377,8 @@ static int TYPED(align_run)(int forward, const roicore_roi_align_rules *rules,
                                  roicore_max64(written, 16 << 20), run->n_threads, owned, err);
     if (rc == ROICORE_OK) {
         if (forward) {
-            const FWD_JOB job = {map, pooled, boxes->batch, NULL, ROICORE_INT32, 0, &op,
-                                 TYPED(align_task)};
+            const FWD_JOB job = {map, pooled, boxes->batch, NULL, ROICORE_INT32, 0, op.region,
+                                 &op, TYPED(align_task)};
             rc = ROICORE_CAT(roicore_blocked_forward, SFX)(&job, run, err);
         } else {
             const BWD_JOB job = {pooled, map, boxes->batch, &op, TYPED(align_grad_task)};

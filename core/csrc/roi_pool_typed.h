@@ -85,9 +85,11 @@ static int TYPED(max_forward)(const roicore_max_pool_rules *rules, const roicore
                : sizeof(T) == 4                                          ? BINS_FLOAT32
                                                                          : BINS_FLOAT64;
     const int product_double = rules->scale_product == ROICORE_PRECISION_FLOAT64;
-    int64_t *tables = (int64_t *)roicore_scratch(roicore_mul(K, 2 * (PH + PW) * 8), "bin tables", err);
+    int64_t *tables = (int64_t *)roicore_scratch(roicore_mul(K, 2 * (PH + PW) * 8) + 32 * x->n,
+                                                 "bin tables", err);
     if (!tables) return err ? err->code : ROICORE_ERR_MEMORY;
     int64_t *hs = tables, *he = hs + K * PH, *ws = he + K * PH, *we = ws + K * PW;
+    int64_t *region = we + K * PW;
     const T *c = (const T *)boxes->coords;
     const T s = (T)scale;
     /* a few dozen operations per box: threads only for many boxes (waking them costs more) */
@@ -98,6 +100,16 @@ static int TYPED(max_forward)(const roicore_max_pool_rules *rules, const roicore
         TYPED(integer_roi_bins)(c[4 * k + 0], c[4 * k + 2], s, PW, W, mode, product_double,
                                 ws + k * PW, we + k * PW);
     }
+    /* the rectangle each image's bins cover (bin edges are non-decreasing): below 8192
+     * boxes, where one thread builds the tables, so that few boxes copy little of x */
+    const int regions = K < 8192;
+    if (regions) {
+        roicore_region_init(region, x->n, H, W);
+        for (int64_t k = 0; k < K; ++k)
+            if (boxes->batch[k] >= 0)
+                roicore_region_include(region, boxes->batch[k], hs[k * PH], he[k * PH + PH - 1],
+                                       ws[k * PW], we[k * PW + PW - 1]);
+    }
     T initial;
     switch (rules->initial) {
     case ROICORE_INITIAL_NEG_FLT_MAX: initial = (T)-FLT_MAX; break;
@@ -107,7 +119,8 @@ static int TYPED(max_forward)(const roicore_max_pool_rules *rules, const roicore
     const MAX_OP op = {hs, he, ws, we, W, PH, PW, (int)rules->compare,
                        rules->initial == ROICORE_INITIAL_FIRST, initial};
     const FWD_JOB job = {x, out, boxes->batch, argmax, argmax_type,
-                         rules->argmax == ROICORE_ARGMAX_GLOBAL, &op, TYPED(max_task)};
+                         rules->argmax == ROICORE_ARGMAX_GLOBAL, regions ? region : NULL, &op,
+                         TYPED(max_task)};
     int rc = ROICORE_CAT(roicore_blocked_forward, SFX)(&job, run, err);
     roicore_scratch_free(tables);
     return rc;
