@@ -379,39 +379,42 @@ def _parse(value):
 # Each op is (forward(params, x, rois, out, argmax) -> outputs,
 #             backward(params, dy, rois, x_shape, outputs, out) -> dx).
 # ``out``: None or the array to write into; ``argmax``: whether ROIPooling also returns its
-# argmax (MXNet's maxidx, needed by its backward only).  ``rois`` have no masked rows here.
+# argmax (MXNet's maxidx, needed by its backward only).  Rows whose batch index is negative
+# are masked (masked=True): output 0, maxidx -1, no gradient.
 def _roi_pool_forward(p, x, rois, out=None, argmax=True):
     res = core.roi_pool(x, rois, p["pooled_size"], p["spatial_scale"], convention="mxnet",
-                        return_argmax=argmax, n_threads=p["n_threads"], out=out)
+                        return_argmax=argmax, masked=True, n_threads=p["n_threads"], out=out)
     return res if argmax else (res,)
 
 
 def _roi_pool_backward(p, dy, rois, x_shape, outputs, out=None):
     return core.roi_pool_backward(dy, rois, x_shape, p["spatial_scale"], convention="mxnet",
-                                  argmax=outputs[1], n_threads=p["n_threads"], out=out)
+                                  argmax=outputs[1], masked=True, n_threads=p["n_threads"],
+                                  out=out)
 
 
 def _psroi_forward(p, x, rois, out=None, argmax=True):
     return (core.psroi_pool(x, rois, p["pooled_size"], p["spatial_scale"],
                             output_channels=p["output_dim"], group_size=p["group_size"] or None,
-                            convention="mxnet", n_threads=p["n_threads"], out=out),)
+                            convention="mxnet", masked=True, n_threads=p["n_threads"], out=out),)
 
 
 def _psroi_backward(p, dy, rois, x_shape, outputs, out=None):
     return core.psroi_pool_backward(dy, rois, x_shape, p["spatial_scale"],
                                     group_size=p["group_size"] or None, convention="mxnet",
-                                    n_threads=p["n_threads"], out=out)
+                                    masked=True, n_threads=p["n_threads"], out=out)
 
 
 def _align_forward(p, x, rois, out=None, argmax=True):
     return (core.roi_align(x, rois, p["pooled_size"], p["spatial_scale"], p["sample_ratio"],
-                           p["aligned"], convention="mxnet", n_threads=p["n_threads"], out=out),)
+                           p["aligned"], convention="mxnet", masked=True, n_threads=p["n_threads"],
+                           out=out),)
 
 
 def _align_backward(p, dy, rois, x_shape, outputs, out=None):
     return core.roi_align_backward(dy, rois, x_shape, p["spatial_scale"], p["sample_ratio"],
-                                   p["aligned"], convention="mxnet", n_threads=p["n_threads"],
-                                   out=out)
+                                   p["aligned"], convention="mxnet", masked=True,
+                                   n_threads=p["n_threads"], out=out)
 
 
 _OPS = {
@@ -421,38 +424,13 @@ _OPS = {
 }
 
 
-def _kept_rows(rois):
-    """Indices of the rows that are not masked, or None when no row is.
-
-    A row is masked when its batch index is a negative integer; other invalid indices
-    (fractions, NaN, >= N) stay for the core to reject."""
-    batch = rois[:, 0]
-    masked = (batch < 0) & (batch == np.floor(batch)) & np.isfinite(batch)
-    return np.flatnonzero(~masked) if masked.any() else None
-
-
 def _forward(op, params, x, rois, out=None, argmax=True):
     """The op's outputs; masked rows give 0 (ROIPooling's argmax -1, as MXNet's maxidx)."""
-    forward = _OPS[op][0]
-    kept = _kept_rows(rois)
-    if kept is None:
-        return forward(params, x, rois, out=out, argmax=argmax)
-    outputs = []
-    for i, part in enumerate(forward(params, x, rois[kept], argmax=argmax)):
-        full = out if i == 0 and out is not None else np.empty((len(rois),) + part.shape[1:],
-                                                                part.dtype)
-        full.fill(0 if i == 0 else -1)
-        full[kept] = part
-        outputs.append(full)
-    return tuple(outputs)
+    return _OPS[op][0](params, x, rois, out=out, argmax=argmax)
 
 
 def _backward(op, params, dy, rois, x_shape, outputs, out=None):
     """The gradient with respect to data; masked rows add nothing."""
-    kept = _kept_rows(rois)
-    if kept is not None:
-        dy, rois = dy[kept], rois[kept]
-        outputs = tuple(o if o is None else o[kept] for o in outputs)
     return _OPS[op][1](params, dy, rois, x_shape, outputs, out=out)
 
 

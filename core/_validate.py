@@ -157,12 +157,13 @@ def flag(value, name):
     return bool(value)
 
 
-def boxes_and_batch(boxes, batch_indices, n_images, dtype, name="boxes"):
+def boxes_and_batch(boxes, batch_indices, n_images, dtype, masked=False, name="boxes"):
     """Split (K, 5) boxes or pair (K, 4) boxes with ``batch_indices``.
 
     Returns C-contiguous (K, 4) boxes in ``dtype`` and int64 (K,) batch indices, checked to
-    be finite, integral and within [0, n_images).
+    be finite, integral and within [0, n_images), or with ``masked`` negative (-1: skipped).
     """
+    masked = flag(masked, "masked")
     arr = np.asarray(boxes)
     if arr.dtype.kind not in "fiu":
         raise TypeError(f"{name} must be a real numeric array, got dtype {arr.dtype}")
@@ -179,7 +180,7 @@ def boxes_and_batch(boxes, batch_indices, n_images, dtype, name="boxes"):
         if col.dtype in (np.float32, np.float64):
             # the common case in one C pass; the NumPy checks below find the culprit
             batch = np.empty(arr.shape[0], np.int64)
-            if _binding.batch_from_column(col, n_images, batch) is None:
+            if _binding.batch_from_column(col, n_images, batch, masked) is None:
                 return _coordinates(arr[:, 1:], dtype, name), batch
         if col.dtype.kind == "f" and not np.all(np.isfinite(col)):
             k = int(np.flatnonzero(~np.isfinite(col))[0])
@@ -206,13 +207,25 @@ def boxes_and_batch(boxes, batch_indices, n_images, dtype, name="boxes"):
     # the kernels index images with it, so no caller's array (an out= aliasing it) may
     # change it under them.
     # (as Python floats: NumPy 2 would compare a float32 maximum with n_images in float32)
+    low = -math.inf if masked else 0
     if (raw.dtype.kind == "f" and raw.size
-            and not (float(raw.min()) >= 0 and float(raw.max()) < n_images)):
-        _batch_out_of_range(raw, batch_name, n_images)
+            and not (float(raw.min()) >= low and float(raw.max()) < n_images)):
+        _batch_out_of_range(raw, batch_name, n_images, masked)
     batch = raw.astype(np.int64)
-    if not _binding.batch_in_range(batch, n_images):
-        _batch_out_of_range(raw, batch_name, n_images)
+    if masked:
+        if raw.size and (raw.max() >= n_images or (raw.dtype.kind == "u" and raw.max() < 0)):
+            _batch_out_of_range(raw, batch_name, n_images, masked)
+        batch[batch < 0] = -1
+    elif not _binding.batch_in_range(batch, n_images):
+        _batch_out_of_range(raw, batch_name, n_images, masked)
     return _coordinates(coords, dtype, name), batch
+
+
+def unmasked(coords, batch, masked):
+    """The coordinates of the boxes that are computed (all but the masked ones)."""
+    if masked and batch.size and batch.min() < 0:
+        return coords[batch >= 0]
+    return coords
 
 
 def _coordinates(coords, dtype, name):
@@ -225,13 +238,17 @@ def _coordinates(coords, dtype, name):
     return coords
 
 
-def _batch_out_of_range(raw, batch_name, n_images):
-    """Raise for the first index outside [0, n_images), as given (before any cast)."""
-    k = int(np.flatnonzero((raw < 0) | (raw >= n_images))[0])
+def _batch_out_of_range(raw, batch_name, n_images, masked=False):
+    """Raise for the first index outside [0, n_images) (below n_images when masked), as
+    given (before any cast)."""
+    bad = raw >= n_images if masked else (raw < 0) | (raw >= n_images)
+    k = int(np.flatnonzero(bad)[0])
     value = raw[k].item()
     value = int(value) if float(value).is_integer() and abs(value) < 2**63 else value
+    expected = (f"index < {n_images}, or negative for a masked box" if masked
+                else f"0 <= index < {n_images}")
     raise ValueError(f"{batch_name}[{k}] = {value} is out of range for a feature "
-                     f"map with N={n_images} images (expected 0 <= index < {n_images})")
+                     f"map with N={n_images} images (expected {expected})")
 
 
 def coordinate_range(coords, scale_x, scale_y, name="boxes"):

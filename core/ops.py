@@ -12,6 +12,10 @@ boxes : ndarray of shape (K, 5) or (K, 4)
     stores them in the feature dtype.  A batch column must hold integral values.
 batch_indices : ndarray of shape (K,), integer, optional
     The image of each box when ``boxes`` has 4 columns.
+masked : bool
+    When True, a box whose batch index is negative is skipped: its output is 0 (its argmax
+    -1) and it adds nothing to any gradient (GluonCV marks padded proposals with -1).  Any
+    other index outside [0, N) still raises.
 output_size : int or (int, int)
     Pooled height and width.
 spatial_scale : float
@@ -34,7 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _binding, _memory
+from . import _binding
 from . import _validate as V
 from ._threads import effective_n_threads
 from .conventions import (
@@ -83,9 +87,9 @@ def _pool_rules(method, convention):
                    BilinearPoolRules, "roi_pool(method='bilinear')")
 
 
-def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, method="max",
-             convention=None, return_argmax=False, extrapolation_value=0.0, n_threads=None,
-             out=None):
+def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, masked=False,
+             method="max", convention=None, return_argmax=False, extrapolation_value=0.0,
+             n_threads=None, out=None):
     """RoI pooling: max (Fast R-CNN) or bilinear (OpenVINO ROIPooling "bilinear").
 
     method="max" (default convention "mxnet"; also "paddle", "torchvision", "openvino"
@@ -124,29 +128,30 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, me
     xc, out_dtype = V.nchw_float(x, "x")
     PH, PW = V.pair(output_size, "output_size")
     spatial_scale = V.positive_scale(spatial_scale)
-    coords, batch = V.boxes_and_batch(boxes, batch_indices, xc.shape[0], xc.dtype)
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, xc.shape[0], xc.dtype, masked)
     threads = effective_n_threads(n_threads)
     N, C, H, W = xc.shape
     if method == "max":
         scale = _scale_for(rules, spatial_scale, xc.dtype)
-        V.coordinate_range(coords, scale, scale)
+        V.coordinate_range(V.unmasked(coords, batch, masked), scale, scale)
         out = _output(out, (coords.shape[0], C, PH, PW), xc, out_dtype, boxes, batch_indices)
         argmax = None
         if return_argmax:
             argmax = V.empty(out.shape, _binding.max_pool_argmax_dtype(rules, xc.shape), "argmax")
         _binding.roi_pool_max_forward(rules, xc, coords, batch, spatial_scale, out, argmax,
-                                      threads)
+                                      threads, masked)
         y = out.astype(out_dtype, copy=False)
         return (y, argmax) if return_argmax else y
-    V.coordinate_range(coords, max(W - 1, 1), max(H - 1, 1))
+    V.coordinate_range(V.unmasked(coords, batch, masked), max(W - 1, 1), max(H - 1, 1))
     out = _output(out, (coords.shape[0], C, PH, PW), xc, out_dtype, boxes, batch_indices)
     _binding.roi_pool_bilinear_forward(rules, xc, coords, batch, extrapolation_value, out,
-                                       threads)
+                                       threads, masked)
     return out.astype(out_dtype, copy=False)
 
 
 def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, batch_indices=None,
-                      method="max", convention=None, argmax=None, n_threads=None, out=None):
+                      masked=False, method="max", convention=None, argmax=None, n_threads=None,
+                      out=None):
     """Gradient of :func:`roi_pool` with respect to x.
 
     method="max" scatters each output gradient to its argmax (as returned by the forward
@@ -160,7 +165,7 @@ def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, bat
     N, C, H, W = shape
     g, out_dtype = V.nchw_float(grad_output, "grad_output", "(K, C, PH, PW)")
     V.positive_scale(spatial_scale)
-    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype)
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype, masked)
     V.expect_shape(g, (coords.shape[0], C) + g.shape[2:], "grad_output")
     threads = effective_n_threads(n_threads)
     if method == "max":
@@ -169,13 +174,13 @@ def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, bat
                             "roi_pool(..., return_argmax=True)")
         a = _argmax_array(argmax, rules, g.shape, shape)
         dx = _output(out, shape, g, out_dtype, a, boxes, batch_indices, name="out")
-        _binding.roi_pool_max_backward(rules, g, a, batch, dx, threads)
+        _binding.roi_pool_max_backward(rules, g, a, batch, dx, threads, masked)
     else:
         if argmax is not None:
             raise ValueError("argmax is only used by method='max'; bilinear pooling has none")
-        V.coordinate_range(coords, max(W - 1, 1), max(H - 1, 1))
+        V.coordinate_range(V.unmasked(coords, batch, masked), max(W - 1, 1), max(H - 1, 1))
         dx = _output(out, shape, g, out_dtype, boxes, batch_indices)
-        _binding.roi_pool_bilinear_backward(rules, g, coords, batch, dx, threads)
+        _binding.roi_pool_bilinear_backward(rules, g, coords, batch, dx, threads, masked)
     return dx.astype(out_dtype, copy=False)
 
 
@@ -231,7 +236,7 @@ def _psroi_setup(output_size, group_size, C, output_channels, channels_of="x"):
 
 
 def psroi_pool(x, boxes, output_size, spatial_scale=1.0, *, output_channels=None, group_size=None,
-               batch_indices=None, convention="paddle", n_threads=None, out=None):
+               batch_indices=None, masked=False, convention="paddle", n_threads=None, out=None):
     """Position-sensitive RoI average pooling (R-FCN), as Paddle psroi_pool / MXNet PSROIPooling.
 
     Box coordinates are rounded *before* scaling, the end gets ``+1`` before scaling, the
@@ -255,17 +260,19 @@ def psroi_pool(x, boxes, output_size, spatial_scale=1.0, *, output_channels=None
     N, C, H, W = xc.shape
     PH, PW, GH, GW, D = _psroi_setup(output_size, group_size, C, output_channels)
     spatial_scale = V.positive_scale(spatial_scale)
-    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype)
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype, masked)
     scale = _scale_for(rules, spatial_scale, xc.dtype)
-    V.coordinate_range(coords, scale, scale)
+    V.coordinate_range(V.unmasked(coords, batch, masked), scale, scale)
     threads = effective_n_threads(n_threads)
     out = _output(out, (coords.shape[0], D, PH, PW), xc, out_dtype, boxes, batch_indices)
-    _binding.psroi_pool_forward(rules, xc, coords, batch, spatial_scale, GH, GW, out, threads)
+    _binding.psroi_pool_forward(rules, xc, coords, batch, spatial_scale, GH, GW, out, threads,
+                                masked)
     return out.astype(out_dtype, copy=False)
 
 
 def psroi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, group_size=None,
-                        batch_indices=None, convention="paddle", n_threads=None, out=None):
+                        batch_indices=None, masked=False, convention="paddle", n_threads=None,
+                        out=None):
     """Gradient of :func:`psroi_pool`: each output gradient divided by its bin area, added
     to every pixel of the bin, in (box, channel, ph, pw) order."""
     rules = resolve(convention, PSROI_POOL, PSRoIPoolRules, "psroi_pool_backward")
@@ -274,13 +281,14 @@ def psroi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, g
     g, out_dtype = V.nchw_float(grad_output, "grad_output", "(K, D, PH, PW)")
     _, _, GH, GW, D = _psroi_setup(g.shape[2:], group_size, C, None, "input_shape")
     spatial_scale = V.positive_scale(spatial_scale)
-    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype)
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype, masked)
     V.expect_shape(g, (coords.shape[0], D) + g.shape[2:], "grad_output")
     scale = _scale_for(rules, spatial_scale, g.dtype)
-    V.coordinate_range(coords, scale, scale)
+    V.coordinate_range(V.unmasked(coords, batch, masked), scale, scale)
     threads = effective_n_threads(n_threads)
     dx = _output(out, shape, g, out_dtype, boxes, batch_indices)
-    _binding.psroi_pool_backward(rules, g, coords, batch, spatial_scale, GH, GW, dx, threads)
+    _binding.psroi_pool_backward(rules, g, coords, batch, spatial_scale, GH, GW, dx, threads,
+                                 masked)
     return dx.astype(out_dtype, copy=False)
 
 
@@ -291,7 +299,7 @@ def _align_setup(convention, spatial_scale, sampling_ratio, aligned, op):
 
 
 def roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, aligned=False, *,
-              batch_indices=None, convention="mxnet", n_threads=None, out=None):
+              batch_indices=None, masked=False, convention="mxnet", n_threads=None, out=None):
     """RoIAlign (Mask R-CNN): the average of bilinear samples on a regular grid per bin.
 
     The box is ``x*s - 0.5`` .. ``x2*s - 0.5`` when ``aligned`` (pixel centres), else
@@ -315,20 +323,20 @@ def roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, align
     xc, out_dtype = V.nchw_float(x, "x")
     N, C, H, W = xc.shape
     PH, PW = V.pair(output_size, "output_size")
-    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype)
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype, masked)
     scale = _scale_for(rules, spatial_scale, xc.dtype)
-    V.coordinate_range(coords, scale, scale)
-    V.adaptive_grid(coords, scale, (PH, PW), sampling_ratio)
+    V.coordinate_range(V.unmasked(coords, batch, masked), scale, scale)
+    V.adaptive_grid(V.unmasked(coords, batch, masked), scale, (PH, PW), sampling_ratio)
     threads = effective_n_threads(n_threads)
     out = _output(out, (coords.shape[0], C, PH, PW), xc, out_dtype, boxes, batch_indices)
     _binding.roi_align_forward(rules, xc, coords, batch, spatial_scale, sampling_ratio, aligned,
-                               out, threads)
+                               out, threads, masked)
     return out.astype(out_dtype, copy=False)
 
 
 def roi_align_backward(grad_output, boxes, input_shape, spatial_scale=1.0, sampling_ratio=-1,
-                       aligned=False, *, batch_indices=None, convention="mxnet", n_threads=None,
-                       out=None):
+                       aligned=False, *, batch_indices=None, masked=False, convention="mxnet",
+                       n_threads=None, out=None):
     """Gradient of :func:`roi_align` in the Caffe2 arithmetic used by all three frameworks'
     backward passes (``g * w / count`` added to the four neighbours of every in-range
     sample).  Convention "paddle" reproduces Paddle's backward, which widens boxes to at
@@ -339,13 +347,13 @@ def roi_align_backward(grad_output, boxes, input_shape, spatial_scale=1.0, sampl
     N, C, H, W = shape
     g, out_dtype = V.nchw_float(grad_output, "grad_output", "(K, C, PH, PW)")
     PH, PW = g.shape[2:]
-    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype)
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype, masked)
     V.expect_shape(g, (coords.shape[0], C, PH, PW), "grad_output")
     scale = _scale_for(rules, spatial_scale, g.dtype)
-    V.coordinate_range(coords, scale, scale)
-    V.adaptive_grid(coords, scale, (PH, PW), sampling_ratio)
+    V.coordinate_range(V.unmasked(coords, batch, masked), scale, scale)
+    V.adaptive_grid(V.unmasked(coords, batch, masked), scale, (PH, PW), sampling_ratio)
     threads = effective_n_threads(n_threads)
     dx = _output(out, shape, g, out_dtype, boxes, batch_indices)
     _binding.roi_align_backward(rules, g, coords, batch, spatial_scale, sampling_ratio, aligned,
-                                dx, threads)
+                                dx, threads, masked)
     return dx.astype(out_dtype, copy=False)
