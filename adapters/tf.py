@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import numbers
 
 import numpy as np
@@ -72,7 +73,7 @@ from roicore import core
 from roicore.core import conventions
 from roicore.core._memory import ALIGNMENT
 
-from ._common import require
+from ._common import off_host, require
 
 tf = require("tensorflow", "tf")
 keras = require("keras", "tf")  # Keras 3, a dependency of TF >= 2.16
@@ -98,6 +99,7 @@ _MAX_RULES = dataclasses.replace(conventions.MAX_POOL["mxnet"], argmax="plane")
 CONVENTIONS = {
     "roi_pool/max": _MAX_RULES,
     "roi_pool/bilinear": conventions.BILINEAR_POOL["tensorflow"],
+    "roi_pool/nearest": conventions.BILINEAR_POOL["tensorflow"],
     "psroi_pool": conventions.PSROI_POOL["mxnet"],
     "roi_align": conventions.ROI_ALIGN["mxnet"],
 }
@@ -198,6 +200,35 @@ def _host_device():
     return _HOST_DEVICE[0]
 
 
+@functools.lru_cache(maxsize=64)
+def _is_host_device(device):
+    """Whether a tensor's device string names the host ("" means not placed yet)."""
+    return not device or tf.DeviceSpec.from_string(device).device_type in (None, "CPU")
+
+
+def _device_of(t):
+    return t.device
+
+
+def _on_host(t, argument):
+    """``t`` itself when it is on the host (or not placed yet, in a graph), else, as the
+    device policy allows (:func:`roicore.adapters.set_device_policy`), a copy on the host."""
+    device = _device_of(t)
+    if _is_host_device(device):
+        return t
+    off_host("tf", argument, device)
+    with tf.device("/device:CPU:0"):
+        return tf.identity(t)
+
+
+def _back_to(y, device):
+    """The result on the device the images came from (a copy when that is not the host)."""
+    if _is_host_device(device):
+        return y
+    with tf.device(device):
+        return tf.identity(y)
+
+
 def _eager_on_host(*tensors):
     return tf.executing_eagerly() and all(t.device == _host_device() for t in tensors)
 
@@ -221,14 +252,16 @@ def _may_need_gradient(x):
 
 
 def _apply(op, name, images, boxes, box_indices, data_format, out_hw, out_channels, forward,
-           backward, with_argmax=False, graph_argmax=True):
+           backward, with_argmax=False, graph_argmax=True, boxes_backward=None):
     """images (any format) -> NCHW -> core forward/backward -> format.
 
     ``forward(x, boxes, box_indices, argmax)`` runs on NumPy arrays and returns y, or
     (y, argmax) when asked for one (ops ``with_argmax``); ``backward(dy, boxes,
-    box_indices, x_shape, *saved)`` returns dx.  ``graph_argmax=False`` (a Keras layer
-    called with ``training=False``): in a graph the forward pass computes no argmax, and a
-    gradient, should one be asked for all the same, recomputes it.
+    box_indices, x_shape, *saved)`` returns dx; ``boxes_backward(dy, x, boxes,
+    box_indices)``, for ops that have one, the gradient of the boxes.
+    ``graph_argmax=False`` (a Keras layer called with ``training=False``): in a graph the
+    forward pass computes no argmax, and a gradient, should one be asked for all the same,
+    recomputes it.
     """
     _refuse_unsupported(op)
     data_format = _data_format(data_format)
@@ -236,26 +269,33 @@ def _apply(op, name, images, boxes, box_indices, data_format, out_hw, out_channe
     with tf.name_scope(name or op) if not tf.executing_eagerly() else contextlib.nullcontext():
         images = _images(images, data_format)
         boxes, box_indices = _boxes(boxes, box_indices)
+        home = _device_of(images)
+        images, boxes, box_indices = (_on_host(t, arg) for t, arg in (
+            (images, "images"), (boxes, "boxes"), (box_indices, "box_indices")))
         x = images if data_format == "NCHW" else tf.transpose(images, [0, 3, 1, 2])
         c = x.shape[1] if x.shape.rank else None
         k = boxes.shape[0] if boxes.shape.rank else None
         out_shape = [k, out_channels(c), *out_hw]
         if _eager_on_host(x, boxes, box_indices):
             # the core's result already has exactly this shape
-            y = _eager(op, x, boxes, box_indices, forward, backward, with_argmax)
+            y = _eager(op, x, boxes, box_indices, forward, backward, with_argmax,
+                       boxes_backward)
         else:
             y = _graph(op, x, boxes, box_indices, out_shape, forward, backward, with_argmax,
-                       graph_argmax)
+                       graph_argmax, boxes_backward)
             y.set_shape(out_shape)
-        return y if data_format == "NCHW" else tf.transpose(y, [0, 2, 3, 1])
+        y = y if data_format == "NCHW" else tf.transpose(y, [0, 2, 3, 1])
+        return _back_to(y, home)
 
 
-def _eager(op, x, boxes, box_indices, forward, backward, with_argmax):
+def _eager(op, x, boxes, box_indices, forward, backward, with_argmax, boxes_backward):
     """Eager, on the host: the core on zero-copy NumPy views of the tensors.  Without a tape
-    recording x no gradient can be asked for: no custom gradient, no argmax.  Otherwise
-    what the backward needs (the argmax) stays a NumPy array in the gradient's closure."""
+    recording x (or, for ops with a box gradient, the boxes) no gradient can be asked for:
+    no custom gradient, no argmax.  Otherwise what the backward needs (the argmax) stays a
+    NumPy array in the gradient's closure."""
     xa, ba, ia = np.asarray(x), np.asarray(boxes), np.asarray(box_indices)
-    if not _may_need_gradient(x):
+    boxes_backward = boxes_backward if boxes_backward and _may_need_gradient(boxes) else None
+    if not (_may_need_gradient(x) or boxes_backward):
         return _to_tensor(forward(xa, ba, ia, False))
 
     @tf.custom_gradient
@@ -264,25 +304,39 @@ def _eager(op, x, boxes, box_indices, forward, backward, with_argmax):
         y, *saved = res if with_argmax else (res,)
         shape = np.array(xa.shape, np.int64)
 
-        def backward_numpy(dy):
-            return backward(dy, ba, ia, shape, *saved)
-
         def grad(dy):
-            if _eager_on_host(dy):
-                dx = _to_tensor(backward_numpy(np.asarray(dy)))
-            else:  # pragma: no cover - a gradient taken outside eager mode
-                dx = tf.numpy_function(backward_numpy, [dy], x.dtype, stateful=False,
-                                       name=op + "_grad")
-                dx.set_shape(x.shape)
-            return dx, None, None
+            dy = _on_host(dy, "the gradient")
+            if not _eager_on_host(dy):  # pragma: no cover - a gradient taken outside eager mode
+                return _graph_gradients(op, dy, x, boxes, box_indices, backward,
+                                        boxes_backward, saved)
+            g = np.asarray(dy)
+            dx = _to_tensor(backward(g, ba, ia, shape, *saved))
+            db = None if boxes_backward is None else tf.cast(
+                _to_tensor(boxes_backward(g, xa, ba, ia)), boxes.dtype)
+            return dx, db, None
 
         return _to_tensor(y), grad
 
     return _op(x, boxes, box_indices)
 
 
+def _graph_gradients(op, dy, x, boxes, box_indices, backward, boxes_backward, saved):
+    """The gradients of x and (when the op has one) of the boxes, as numpy_function ops:
+    a graph runs only the one that something uses."""
+    shape = tf.shape(x, out_type=tf.int64)
+    dx = tf.numpy_function(backward, [dy, boxes, box_indices, shape, *saved], x.dtype,
+                           stateful=False, name=op + "_grad")
+    dx.set_shape(x.shape)
+    if boxes_backward is None:
+        return dx, None, None
+    db = tf.numpy_function(boxes_backward, [dy, x, boxes, box_indices], x.dtype,
+                           stateful=False, name=op + "_grad_boxes")
+    db.set_shape(boxes.shape)
+    return dx, tf.cast(db, boxes.dtype), None
+
+
 def _graph(op, x, boxes, box_indices, out_shape, forward, backward, with_argmax,
-           graph_argmax=True):
+           graph_argmax=True, boxes_backward=None):
     """In a graph (or off the host): tf.numpy_function.  The argmax is computed by the
     forward pass unless ``graph_argmax`` is False; then a gradient recomputes it."""
     saving = with_argmax and graph_argmax
@@ -301,15 +355,15 @@ def _graph(op, x, boxes, box_indices, out_shape, forward, backward, with_argmax,
             return backward(dy, b, i, shape, forward(x, b, i, True)[1])
 
         def grad(dy):
-            shape = tf.shape(x, out_type=tf.int64)
+            dy = _on_host(dy, "the gradient")
             if with_argmax and not saving:
+                shape = tf.shape(x, out_type=tf.int64)
                 dx = tf.numpy_function(recompute_and_backward, [dy, boxes, box_indices, shape, x],
                                        x.dtype, stateful=False, name=op + "_grad")
-            else:
-                dx = tf.numpy_function(backward, [dy, boxes, box_indices, shape, *saved],
-                                       x.dtype, stateful=False, name=op + "_grad")
-            dx.set_shape(x.shape)
-            return dx, None, None
+                dx.set_shape(x.shape)
+                return dx, None, None
+            return _graph_gradients(op, dy, x, boxes, box_indices, backward, boxes_backward,
+                                    saved)
 
         return y, grad
 
@@ -323,73 +377,138 @@ def _same_channels(c):
 # ---------------------------------------------------------------------------------------
 # Ops
 
-def roi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, method="max",
-             extrapolation_value=0.0, data_format="NHWC", name=None, *, n_threads=None):
+def roi_pool(images, boxes, box_indices, output_size=None, spatial_scale=1.0, method="max",
+             extrapolation_value=0.0, data_format="NHWC", name=None, *, crop_size=None,
+             n_threads=None):
     """RoI pooling of ``images`` (NHWC by default) over ``boxes`` [y1, x1, y2, x2] with ``box_indices``.
 
     method="max" takes ABSOLUTE input-image coordinates (feature pixel = coordinate *
-    ``spatial_scale``); method="bilinear" takes boxes normalised exactly as
-    ``tf.image.crop_and_resize``'s (``y * (H - 1)`` is the feature row) and equals it bit for
-    bit for float32.  Columns are [y1, x1, y2, x2] as in TF; the result is
-    ``(K, PH, PW, C)`` (NHWC) or ``(K, C, PH, PW)`` (NCHW) in the images' dtype.
+    ``spatial_scale``).  method="bilinear" and method="nearest" are
+    ``tf.image.crop_and_resize`` with the same method: boxes normalised as its
+    (``y * (H - 1)`` is the feature row), equal to it bit for bit for float32, forward and
+    gradients (of the images and of the boxes).  Columns are [y1, x1, y2, x2] as in TF;
+    the result is ``(K, PH, PW, C)`` (NHWC) or ``(K, C, PH, PW)`` (NCHW) in the images'
+    dtype.
+
+    The output size is ``output_size``, or ``crop_size`` (crop_and_resize's name for it,
+    for the crop methods), so ``crop_and_resize(image, boxes, box_indices, crop_size,
+    method=..., extrapolation_value=...)`` becomes ``roi_pool(image, boxes, box_indices,
+    crop_size, method=..., extrapolation_value=...)`` with its arguments unchanged,
+    positional or by keyword.  Either may be a tensor (as crop_and_resize's crop_size is)
+    whose value is known when the op is built, such as a constant.
 
     Args:
       images: 4-D float16/32/64 tensor, (N, H, W, C) or (N, C, H, W) per ``data_format``.
       boxes: (K, 4) float tensor of [y1, x1, y2, x2] rows.
       box_indices: (K,) int32/int64 tensor, the image of each box, in [0, N).
-      output_size: int or (PH, PW), the pooled size (``crop_size`` for bilinear).
+      output_size: int or (PH, PW), the pooled size.
       spatial_scale: feature-map size over image size (1/16 for a stride-16 backbone).
-        Must stay 1.0 for method="bilinear", whose boxes are already normalised.
-      method: "max" (Fast R-CNN RoI max pooling, roicore convention "mxnet") or "bilinear"
-        (crop_and_resize sampling, roicore convention "tensorflow").
-      extrapolation_value: value of bilinear samples outside the map (crop_and_resize's).
+        Must stay 1.0 for the crop methods, whose boxes are already normalised.
+      method: "max" (Fast R-CNN RoI max pooling, roicore convention "mxnet"), "bilinear"
+        or "nearest" (crop_and_resize's sampling, roicore convention "tensorflow").
+      extrapolation_value: value of crop samples outside the map (crop_and_resize's).
       data_format: "NHWC" (default; costs a transpose copy of the input and of the output,
         and of the gradients) or "NCHW" (no copy).
       name: name scope.
+      crop_size: the output size under crop_and_resize's name; pass it or output_size,
+        not both, and only with method "bilinear" or "nearest".
       n_threads: OpenMP threads for roicore (None: its default); results do not depend on it.
 
     Returns:
-      The pooled tensor.  Gradients flow to ``images`` only.
+      The pooled tensor.  Gradients flow to ``images`` and, for the crop methods, to
+      ``boxes``; method="max" gives boxes none.
 
     Notes:
       max: each box is snapped to feature pixels with ``round(x * spatial_scale)``, given an
       inclusive +1 extent and split into floor/ceil bins; an empty bin gives 0.
-      bilinear: a flipped box (y2 < y1) gives a flipped crop; samples outside the map give
-      ``extrapolation_value``.  Unlike crop_and_resize, the output keeps the images' dtype
-      and float64 images are computed in float64 (crop_and_resize always computes and
-      returns float32); crop_and_resize's box gradient is not provided.
+      bilinear, nearest: a flipped box (y2 < y1) gives a flipped crop; samples outside the
+      map give ``extrapolation_value``; nearest takes the pixel at ``round()`` of the
+      sample position (halves away from zero).  As in TF, the boxes' gradient of
+      method="nearest" is the bilinear crop's (the nearest crop is piecewise constant in
+      the boxes).  Unlike crop_and_resize, the output keeps the images' dtype and float64
+      images are computed in float64 (crop_and_resize always computes and returns
+      float32).
     """
-    return _roi_pool(images, boxes, box_indices, output_size, spatial_scale, method,
-                     extrapolation_value, data_format, name, n_threads)
+    return _roi_pool(images, boxes, box_indices, _output_size(output_size, crop_size, method),
+                     spatial_scale, method, extrapolation_value, data_format, name, n_threads)
 
 
-def _roi_pool(images, boxes, box_indices, output_size, spatial_scale, method,
+_METHODS = ("max", "bilinear", "nearest")
+_CROP_METHODS = ("bilinear", "nearest")
+
+
+def _method(method):
+    if method not in _METHODS:
+        raise ValueError(f"method must be 'max', 'bilinear' or 'nearest', got {method!r}")
+    return method
+
+
+def _output_size(output_size, crop_size, method):
+    """roi_pool's (PH, PW), from ``output_size`` or crop_and_resize's ``crop_size``."""
+    _method(method)
+    if crop_size is None:
+        if output_size is None:
+            raise TypeError("roi_pool() needs the output size: pass output_size (or crop_size "
+                            "for method='bilinear' or 'nearest')")
+        return _size(output_size, "output_size")
+    if output_size is not None:
+        raise TypeError("pass output_size or crop_size (crop_and_resize's name for it), not both")
+    if method not in _CROP_METHODS:
+        raise ValueError("crop_size is crop_and_resize's name for the output size of "
+                         f"method='bilinear' or 'nearest'; method={method!r} takes output_size")
+    return _size(crop_size, "crop_size")
+
+
+def _size(value, name):
+    """An int or (height, width) pair, given as Python ints or a tensor, as (h, w)."""
+    return _pair(_static(value, name), name)
+
+
+def _static(value, name):
+    """A size given as a tensor or array, as Python ints (its value must be known now)."""
+    if not (tf.is_tensor(value) or isinstance(value, np.ndarray)):
+        return value
+    known = tf.get_static_value(value)
+    if known is None:
+        raise ValueError(f"{name} must be known when the op is built (a Python int or pair, or "
+                         f"a constant tensor), got a tensor whose value is computed at run time")
+    if known.dtype.kind not in "iu" or known.shape not in ((), (2,)):
+        raise TypeError(f"{name} must be an int or a pair of ints (height, width), got a "
+                        f"{known.dtype} tensor of shape {known.shape}")
+    return tuple(known.tolist()) if known.shape else int(known)
+
+
+def _roi_pool(images, boxes, box_indices, out_hw, spatial_scale, method,
               extrapolation_value, data_format, name, n_threads, graph_argmax=True):
-    if method not in ("max", "bilinear"):
-        raise ValueError(f"method must be 'max' or 'bilinear', got {method!r}")
-    out_hw = _pair(output_size, "output_size")
     core.effective_n_threads(n_threads)
-    if method == "bilinear":
+    if method in _CROP_METHODS:
         if spatial_scale != 1.0:
-            raise ValueError("spatial_scale must be 1.0 for method='bilinear': its boxes are "
+            raise ValueError(f"spatial_scale must be 1.0 for method={method!r}: its boxes are "
                              "normalised as tf.image.crop_and_resize's, got "
                              f"spatial_scale={spatial_scale!r}")
-        rules = CONVENTIONS["roi_pool/bilinear"]
+        rules = CONVENTIONS["roi_pool/" + method]
 
         def forward(x, b, i, argmax):
             xyxy, i = _xyxy(b, i, x.shape[0])
-            return core.roi_pool(x, xyxy, out_hw, batch_indices=i, method="bilinear",
+            return core.roi_pool(x, xyxy, out_hw, batch_indices=i, method=method,
                                  convention=rules, extrapolation_value=extrapolation_value,
                                  n_threads=n_threads)
 
         def backward(dy, b, i, shape):
             xyxy, i = _xyxy(b, i, shape[0])
             return core.roi_pool_backward(dy, xyxy, tuple(shape), batch_indices=i,
-                                          method="bilinear", convention=rules,
+                                          method=method, convention=rules,
                                           n_threads=n_threads)
 
+        def boxes_backward(dy, x, b, i):
+            xyxy, i = _xyxy(b, i, x.shape[0])
+            d = core.roi_pool_boxes_backward(dy, x, xyxy, batch_indices=i,
+                                             convention=CONVENTIONS["roi_pool/bilinear"],
+                                             n_threads=n_threads)
+            return d[:, [1, 0, 3, 2]]
+
         return _apply("roi_pool", name, images, boxes, box_indices, data_format, out_hw,
-                      _same_channels, forward, backward)
+                      _same_channels, forward, backward, boxes_backward=boxes_backward)
 
     def forward(x, b, i, with_argmax):
         xyxy, i = _xyxy(b, i, x.shape[0])
@@ -445,7 +564,7 @@ def psroi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, outpu
       Output channel d at cell (ph, pw) averages input channel ``(d*GH + gh)*GW + gw``.
       Coordinates are rounded before scaling and the end gets +1; empty bins give 0.
     """
-    out_hw = _pair(output_size, "output_size")
+    out_hw = _size(output_size, "output_size")
     gh, gw = out_hw if group_size is None else _pair(group_size, "group_size")
     core.effective_n_threads(n_threads)
     rules = CONVENTIONS["psroi_pool"]
@@ -496,7 +615,7 @@ def roi_align(images, boxes, box_indices, output_size, spatial_scale=1.0, sampli
     Returns:
       The pooled tensor.  Gradients flow to ``images`` only.
     """
-    out_hw = _pair(output_size, "output_size")
+    out_hw = _size(output_size, "output_size")
     core.effective_n_threads(n_threads)
     rules = CONVENTIONS["roi_align"]
 
@@ -531,8 +650,48 @@ def _keras_data_format(data_format):
     return "channels_last" if _KERAS_FORMATS[data_format] == "NHWC" else "channels_first"
 
 
+def _batched_boxes(images, boxes):
+    """Batched (B, R, 4) boxes as the ops take them: the (B*R, 4) rows, their images (b for
+    the R boxes of image b) and a function that gives a (B*R, ...) result the shape
+    (B, R, ...)."""
+    boxes = tf.convert_to_tensor(boxes, name="boxes")
+    rank = boxes.shape.rank
+    if rank is not None and (rank != 3 or boxes.shape[2] not in (None, 4)):
+        raise ValueError("boxes must be batched, (B, R, 4) [y1, x1, y2, x2], when no "
+                         f"box_indices are given (or flat (K, 4) with box_indices), got shape "
+                         f"{boxes.shape}")
+    images = tf.convert_to_tensor(images, name="images")
+    n = images.shape[0] if images.shape.rank else None
+    b, r = (boxes.shape[0], boxes.shape[1]) if rank else (None, None)
+    if n is not None and b is not None and n != b:
+        raise ValueError(f"batched boxes must hold the boxes of each image: images have a "
+                         f"batch of {n}, boxes of {b}")
+    shape = tf.shape(boxes)
+    checks = [] if n is not None and b is not None else [tf.debugging.assert_equal(
+        tf.shape(images)[0], shape[0],
+        message="batched boxes must hold the boxes of each image: the batch sizes of "
+                "images and boxes differ")]
+    with tf.control_dependencies(checks):
+        indices = tf.repeat(tf.range(shape[0], dtype=tf.int32), shape[1])
+    flat = tf.reshape(boxes, [-1, 4])
+
+    def unflatten(y):
+        out = tf.reshape(y, tf.concat([shape[:2], tf.shape(y)[1:]], 0))
+        out.set_shape([b, r] + y.shape[1:].as_list())
+        return out
+
+    return flat, indices, unflatten
+
+
 class _RoILayer(keras.layers.Layer):
-    """Shared plumbing: ``call(images, boxes, box_indices)``, data_format, get_config."""
+    """Shared plumbing: data_format, get_config, and the two forms of boxes.
+
+    ``layer(images, boxes, box_indices)`` takes flat (K, 4) boxes, each box's image in
+    ``box_indices``, and returns (K, ...) as the function does.  ``layer(images, boxes)``
+    takes batched (B, R, 4) boxes, row b holding the R boxes of image b, and returns
+    (B, R, ...): every input and the output then have the batch dimension first, as
+    Keras (``fit``, ``predict``, its input checks) expects.
+    """
 
     _op = None
     _params = ()
@@ -544,7 +703,13 @@ class _RoILayer(keras.layers.Layer):
         self.n_threads = n_threads
         self.supports_jit = False  # Keras' jit_compile="auto" then stays off XLA
 
-    def call(self, images, boxes, box_indices):
+    def call(self, images, boxes, box_indices=None, training=None):
+        if box_indices is not None:
+            return self._pool(images, boxes, box_indices, training)
+        flat, indices, unflatten = _batched_boxes(images, boxes)
+        return unflatten(self._pool(images, flat, indices, training))
+
+    def _pool(self, images, boxes, box_indices, training):
         kwargs = {p: getattr(self, p) for p in self._params}
         return type(self)._op(images, boxes, box_indices, **kwargs,
                               data_format=_KERAS_FORMATS[self.data_format],
@@ -559,11 +724,11 @@ class _RoILayer(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="roicore")
 class RoIPool(_RoILayer):
-    """Keras layer for :func:`roi_pool`: ``RoIPool(output_size, ...)(images, boxes, box_indices)``.
+    """Keras layer for :func:`roi_pool`: ``RoIPool(output_size, ...)(images, boxes[, box_indices])``.
 
     Boxes are ABSOLUTE [y1, x1, y2, x2] for method="max" and normalised as crop_and_resize's
-    for method="bilinear"; ``data_format`` is Keras' ("channels_last" by default, from
-    ``keras.config.image_data_format()``) or "NHWC"/"NCHW".  Called with
+    for method="bilinear" and "nearest"; ``data_format`` is Keras' ("channels_last" by
+    default, from ``keras.config.image_data_format()``) or "NHWC"/"NCHW".  Called with
     ``training=False`` in a graph, method="max" keeps no argmax for a gradient (see the
     module docstring).
     """
@@ -576,12 +741,10 @@ class RoIPool(_RoILayer):
         super().__init__(data_format, n_threads, **kwargs)
         self.output_size = _pair(output_size, "output_size")
         self.spatial_scale = float(spatial_scale)
-        if method not in ("max", "bilinear"):
-            raise ValueError(f"method must be 'max' or 'bilinear', got {method!r}")
-        self.method = method
+        self.method = _method(method)
         self.extrapolation_value = float(extrapolation_value)
 
-    def call(self, images, boxes, box_indices, training=None):
+    def _pool(self, images, boxes, box_indices, training):
         # training=False (Keras predict / evaluate): in a graph the forward pass computes no
         # argmax; a gradient taken all the same recomputes it.
         return _roi_pool(images, boxes, box_indices, self.output_size, self.spatial_scale,

@@ -124,8 +124,9 @@ def test_forward_and_gradient_match_core(op, data_format, dtype):
                                       core_backward(op, dy, x, boxes, idx))
 
 
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", [op for op in OPS if op != "roi_pool_bilinear"])
 def test_boxes_get_no_gradient_and_int64_indices_work(op):
+    """Only the crop methods differentiate the boxes (tests/adapters/test_tf_crop_and_resize.py)."""
     x, boxes, idx = make_case(op)
     images, boxes_t = tf.constant(to_format(x, "NHWC")), tf.constant(boxes)
     with tf.GradientTape(persistent=True) as tape:
@@ -329,6 +330,67 @@ def test_keras_layer_trains_in_a_model(make_layer, data_format, tmp_path):
     np.testing.assert_array_equal(loaded([images, boxes, idx]), model([images, boxes, idx]))
 
 
+BATCHED = [
+    ("roi_pool_max", lambda df: rtf.RoIPool((3, 2), 0.5, data_format=df)),
+    ("roi_pool_bilinear", lambda df: rtf.RoIPool(3, method="bilinear", data_format=df)),
+    ("psroi_pool", lambda df: rtf.PSRoIPool(3, 0.5, output_channels=2, data_format=df)),
+    ("roi_align", lambda df: rtf.RoIAlign((2, 3), 0.5, sampling_ratio=2, data_format=df)),
+]
+
+
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+@pytest.mark.parametrize("op,make_layer", BATCHED, ids=[op for op, _ in BATCHED])
+def test_keras_layers_take_batched_boxes(op, make_layer, data_format):
+    """(B, R, 4) boxes without box_indices: row b holds the boxes of image b, and the result
+    is (B, R, ...), the flat call's rows in the same order; gradients match too."""
+    layer = make_layer(data_format)
+    fmt = "NCHW" if data_format == "channels_first" else "NHWC"
+    x, boxes, _ = make_case(op, 4, N=3, C=18, K=12)
+    images = tf.constant(to_format(x, fmt))
+    batched = boxes.reshape(3, 4, 4)
+    flat_idx = np.repeat(np.arange(3, dtype=np.int32), 4)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(images)
+        y = layer(images, batched)
+        y_flat = layer(images, boxes, flat_idx)
+    assert y.shape == (3, 4) + tuple(y_flat.shape[1:])
+    np.testing.assert_array_equal(y.numpy().reshape(y_flat.shape), y_flat.numpy())
+    dy = np.random.default_rng(1).standard_normal(y_flat.shape).astype(np.float32)
+    np.testing.assert_array_equal(tape.gradient(y, images, dy.reshape(y.shape)).numpy(),
+                                  tape.gradient(y_flat, images, dy).numpy())
+    # in a graph, with the batch size unknown until run time, the same
+    fn = tf.function(lambda im, b: layer(im, b), input_signature=[
+        tf.TensorSpec([None, *images.shape[1:]], tf.float32), tf.TensorSpec([None, 4, 4], tf.float32)])
+    assert fn.get_concrete_function().structured_outputs.shape.as_list() == [None, 4, *y.shape[2:]]
+    np.testing.assert_array_equal(fn(images, batched).numpy(), y.numpy())
+    with pytest.raises(tf.errors.InvalidArgumentError, match="batch sizes of images and boxes differ"):
+        fn(images, batched[:2])
+
+
+def test_keras_model_with_batched_boxes_fits_and_predicts():
+    """Keras checks that every input has the same batch size: batched boxes pass it with
+    several boxes per image, and predict's batches are concatenated along the image axis."""
+    x, boxes, _ = make_case("roi_align", 2, N=6, C=4, K=18)
+    images = to_format(x, "NHWC")
+    inputs = [keras.Input((9, 11, 4)), keras.Input((3, 4))]
+    feats = keras.layers.Conv2D(6, 3, padding="same",
+                                kernel_initializer=keras.initializers.GlorotUniform(0))(inputs[0])
+    pooled = rtf.RoIAlign((2, 3), 0.5, sampling_ratio=2)(feats, inputs[1])   # (B, 3, 2, 3, 6)
+    out = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(1))(
+        keras.layers.Reshape((3, -1))(pooled))                              # (B, 3, 1)
+    model = keras.Model(inputs, out)
+    model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
+    batched = boxes.reshape(6, 3, 4)
+    history = model.fit([images, batched], np.ones((6, 3, 1)), batch_size=2, epochs=2, verbose=0)
+    assert np.all(np.isfinite(history.history["loss"]))
+    predicted = model.predict([images, batched], batch_size=4, verbose=0)
+    np.testing.assert_array_equal(predicted, model([images, batched]).numpy())
+    with pytest.raises(ValueError, match="images have a batch of 6, boxes of 5"):
+        rtf.RoIAlign(2)(images, batched[:5])
+    with pytest.raises(ValueError, match=r"boxes must be batched, \(B, R, 4\)"):
+        rtf.RoIAlign(2)(images, boxes)
+
+
 def test_keras_layer_equals_op():
     x, boxes, idx = make_case("roi_align")
     layer = rtf.RoIAlign((2, 3), 0.5, sampling_ratio=2, data_format="NCHW")
@@ -396,6 +458,73 @@ def test_keras_layer_under_an_xla_function_is_refused_clearly():
     layer = rtf.RoIAlign(2, 0.5, data_format="channels_first")
     with pytest.raises(NotImplementedError, match="XLA"):
         tf.function(lambda im: layer(im, boxes, idx), jit_compile=True)(x)
+
+
+# ---------------------------------------------------------------------------------------
+# Tensors on an accelerator: the shared device policy.  There is no GPU here, so the
+# adapter's reading of a tensor's device (_device_of) is monkeypatched to report the
+# images (or the upstream gradient) on "GPU:0"; the copies then really run, to the CPU
+# and, with soft device placement, "back" to a GPU that falls back to the CPU.
+
+GPU = "/job:localhost/replica:0/task:0/device:GPU:0"
+
+
+@pytest.fixture
+def images_on_gpu(monkeypatch):
+    """Make the adapter see the tensors it is given as ``fake`` (a list, filled by the
+    test) as living on GPU:0; the policy and its once-per-device warning are reset."""
+    from roicore.adapters import _common
+    fake = []
+    real = rtf._device_of
+    monkeypatch.setattr(rtf, "_device_of",
+                        lambda t: GPU if any(t is f for f in fake) else real(t))
+    monkeypatch.setattr(_common, "_warned", set())
+    previous = _common.get_device_policy()
+    yield fake
+    _common.set_device_policy(previous)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_images_off_the_host_are_copied_with_one_warning(op, images_on_gpu):
+    from roicore.adapters import DeviceCopyWarning
+    x, boxes, idx = make_case(op)
+    images = tf.constant(to_format(x, "NHWC"))
+    images_on_gpu.append(images)
+    y_core = core_forward(op, x, boxes, idx)
+    dy = np.random.default_rng(2).standard_normal(y_core.shape).astype(np.float32)
+    with pytest.warns(DeviceCopyWarning, match=r"roicore.adapters.tf: images is on "
+                      r".*GPU:0; roicore computes on the CPU, so inputs are copied"):
+        y, g = forward_and_grad(op, images, boxes, idx, to_format(dy, "NHWC"), "NHWC")
+    np.testing.assert_array_equal(from_format(y.numpy(), "NHWC"), y_core)
+    np.testing.assert_array_equal(from_format(g.numpy(), "NHWC"),
+                                  core_backward(op, dy, x, boxes, idx))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeviceCopyWarning)  # once per device
+        call_adapter(op, images, boxes, idx)
+
+
+def test_policy_error_refuses_tensors_off_the_host(images_on_gpu):
+    from roicore.adapters import set_device_policy
+    x, boxes, idx = make_case("roi_align")
+    images = tf.constant(x)
+    images_on_gpu.append(images)
+    set_device_policy("error")
+    with pytest.raises(ValueError, match=r"roicore.adapters.tf: images is on .*GPU:0, but "
+                                         r"roicore computes on the CPU; move it to the CPU"):
+        call_adapter("roi_align", images, boxes, idx, "NCHW")
+    # and a gradient arriving from the accelerator, in eager mode and in a graph
+    host = tf.constant(x)
+    for run in (lambda f: f(), lambda f: tf.function(f)()):
+        def step():
+            with tf.GradientTape() as tape:
+                tape.watch(host)
+                y = call_adapter("roi_align", host, boxes, idx, "NCHW")
+                dy = tf.ones_like(y)
+            images_on_gpu.append(dy)
+            return tape.gradient(y, host, output_gradients=dy)
+        with pytest.raises(ValueError, match="the gradient is on .*GPU:0"):
+            run(step)
 
 
 # ---------------------------------------------------------------------------------------
@@ -542,7 +671,7 @@ def test_box_indices_out_of_range(bad_index):
     (dict(data_format="NCWH"), ValueError, "data_format must be 'NHWC' or 'NCHW'"),
     (dict(output_size=(2, 0)), ValueError, "output_size must be >= 1"),
     (dict(output_size=2.5), TypeError, "output_size must be an int or a pair"),
-    (dict(method="avg"), ValueError, "method must be 'max' or 'bilinear'"),
+    (dict(method="avg"), ValueError, "method must be 'max', 'bilinear' or 'nearest'"),
     (dict(method="bilinear", spatial_scale=0.5), ValueError, "spatial_scale must be 1.0 for method='bilinear'"),
     (dict(n_threads=0), ValueError, "n_threads = 0 is invalid"),
     (dict(spatial_scale=-1.0), ValueError, "spatial_scale must be positive"),

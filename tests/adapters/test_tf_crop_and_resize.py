@@ -115,3 +115,53 @@ def test_reference_box_gradient_matches_finite_differences():
             lambda b: float(np.sum(ref.roi_pool_bilinear(x, b, batch, crop, TF_RULES) * g)),
             boxes.copy(), eps=1e-7)
         np.testing.assert_allclose(analytic, numeric, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------
+# roi_pool takes crop_and_resize's arguments
+
+def test_crop_size_is_crop_and_resizes_name_for_the_output_size():
+    from roicore.adapters import tf as rtf
+    images, boxes, idx, _, _ = crop_case(0)
+    want = tf.image.crop_and_resize(images, boxes, idx, (3, 5), extrapolation_value=0.5)
+    for kwargs in [dict(crop_size=(3, 5)), dict(crop_size=[3, 5]),
+                   dict(crop_size=tf.constant([3, 5])), dict(crop_size=np.array([3, 5], np.int64)),
+                   dict(output_size=(3, 5)), dict(output_size=tf.constant([3, 5]))]:
+        got = rtf.roi_pool(images, boxes, idx, method="bilinear", extrapolation_value=0.5,
+                           **kwargs)
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    # crop_and_resize's positional order works unchanged
+    got = rtf.roi_pool(images, boxes, idx, tf.constant([3, 5]), method="bilinear",
+                       extrapolation_value=0.5)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    # in a graph, a constant crop size gives static shapes
+    fn = tf.function(lambda im: rtf.roi_pool(im, boxes, idx, crop_size=tf.constant([3, 5]),
+                                             method="bilinear"))
+    assert fn.get_concrete_function(tf.TensorSpec(images.shape)).structured_outputs.shape == (
+        24, 3, 5, 4)
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(output_size=3, crop_size=3), TypeError, "pass output_size or crop_size"),
+    (dict(), TypeError, r"needs the output size: pass output_size \(or crop_size"),
+    (dict(crop_size=3, method="max"), ValueError, "method='max' takes output_size"),
+    (dict(crop_size=(3, 0)), ValueError, "crop_size must be >= 1"),
+    (dict(crop_size=(1, 2, 3)), TypeError, "crop_size must be an int or a pair"),
+    (dict(crop_size=tf.constant([3.0, 2.0])), TypeError, "crop_size must be an int or a pair of "
+                                                         "ints .*float32 tensor of shape"),
+    (dict(crop_size=tf.constant([[3, 2]])), TypeError, r"shape \(1, 2\)"),
+])
+def test_bad_crop_sizes(kwargs, error, message):
+    from roicore.adapters import tf as rtf
+    images, boxes, idx, _, _ = crop_case(0)
+    with pytest.raises(error, match=message):
+        rtf.roi_pool(images, boxes, idx, **{"method": "bilinear", **kwargs})
+
+
+def test_a_crop_size_known_only_at_run_time_is_refused_clearly():
+    from roicore.adapters import tf as rtf
+    images, boxes, idx, _, _ = crop_case(0)
+    fn = tf.function(lambda size: rtf.roi_pool(images, boxes, idx, crop_size=size,
+                                               method="bilinear"))
+    with pytest.raises(ValueError, match="crop_size must be known when the op is built"):
+        fn(tf.constant([3, 5]))
