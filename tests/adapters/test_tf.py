@@ -4,10 +4,6 @@ The adapter only converts layout (NHWC <-> NCHW, [y1, x1, y2, x2] -> [x1, y1, x2
 every forward and gradient is compared with the core on the same NumPy inputs with
 ``np.array_equal``; the core itself is checked against the loop references in tests/.
 """
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -525,61 +521,6 @@ def test_policy_error_refuses_tensors_off_the_host(images_on_gpu):
             return tape.gradient(y, host, output_gradients=dy)
         with pytest.raises(ValueError, match="the gradient is on .*GPU:0"):
             run(step)
-
-
-# ---------------------------------------------------------------------------------------
-# tf.distribute.MirroredStrategy over two logical CPUs (needs a fresh TF: subprocess)
-
-MIRRORED = textwrap.dedent("""
-    import numpy as np
-    import tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from roicore import core
-    from roicore.adapters import tf as rtf
-
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    assert strategy.num_replicas_in_sync == 2
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, 2, 9, 11, 5)).astype(np.float32)      # per replica, NHWC
-    boxes = rng.uniform(0, 18, (2, 6, 4)).astype(np.float32)
-    idx = rng.integers(0, 2, (2, 6)).astype(np.int32)
-
-    def value(ctx, a):
-        with tf.device(strategy.extended.worker_devices[ctx.replica_id_in_sync_group]):
-            return tf.identity(a[ctx.replica_id_in_sync_group])
-
-    xs, bs, ids = (strategy.experimental_distribute_values_from_function(
-        lambda ctx, a=a: value(ctx, a)) for a in (x, boxes, idx))
-    devices = [t.device for t in strategy.experimental_local_results(xs)]
-    assert devices[0].endswith("CPU:0") and devices[1].endswith("CPU:1"), devices
-
-    @tf.function
-    def step(images, b, i):
-        with tf.GradientTape() as tape:
-            tape.watch(images)
-            y = rtf.roi_align(images, b, i, (3, 4), 0.5, sampling_ratio=2)
-            loss = tf.reduce_sum(y)
-        return y, tape.gradient(loss, images)
-
-    ys, gs = strategy.run(step, args=(xs, bs, ids))
-    ys, gs = strategy.experimental_local_results(ys), strategy.experimental_local_results(gs)
-    for r in range(2):
-        xyxy, nchw = boxes[r][:, [1, 0, 3, 2]], x[r].transpose(0, 3, 1, 2)
-        y_core = core.roi_align(nchw, xyxy, (3, 4), 0.5, 2, batch_indices=idx[r])
-        g_core = core.roi_align_backward(np.ones_like(y_core), xyxy, nchw.shape, 0.5, 2,
-                                         batch_indices=idx[r])
-        assert np.array_equal(ys[r].numpy().transpose(0, 3, 1, 2), y_core)
-        assert np.array_equal(gs[r].numpy().transpose(0, 3, 1, 2), g_core)
-    print("MIRRORED OK")
-""")
-
-
-def test_mirrored_strategy_over_two_logical_cpus():
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.run([sys.executable, "-c", MIRRORED], capture_output=True, text=True,
-                          timeout=300, env=env)
-    assert proc.returncode == 0 and "MIRRORED OK" in proc.stdout, proc.stderr[-4000:]
 
 
 # ---------------------------------------------------------------------------------------
