@@ -64,35 +64,30 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import numbers
+import os
+import warnings
 
 import numpy as np
 
 from roicore import core
-from roicore.core import conventions
-from roicore.core._memory import ALIGNMENT
+from roicore.core import _binding, _validate, conventions
+from roicore.core.ops import _psroi_setup
 
-from ._common import off_host, require
+from . import _tf_common, _tf_numpy
+from ._common import require
+from ._tf_common import back_to, on_host
 
 tf = require("tensorflow", "tf")
 keras = require("keras", "tf")  # Keras 3, a dependency of TF >= 2.16
 
-try:  # private TF modules: used only to refuse unsupported contexts with a clear message
+try:  # private TF module: used only to refuse XLA with a clear message
     from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla
 except ImportError:  # pragma: no cover - older/newer TF layouts
     _in_xla = None
-try:
-    from tensorflow.python.saved_model.save_context import in_save_context as _in_save
-except ImportError:  # pragma: no cover
-    _in_save = None
-try:  # private: whether an eager GradientTape records a tensor (else: always assume one does)
-    from tensorflow.python.eager import record as _record
-except ImportError:  # pragma: no cover
-    _record = None
 
 __all__ = ["roi_pool", "psroi_pool", "roi_align", "RoIPool", "PSRoIPool", "RoIAlign",
-           "CONVENTIONS"]
+           "CONVENTIONS", "native_ops", "NativeOpsWarning"]
 
 # The roicore convention each op reproduces (see the module docstring).
 _MAX_RULES = dataclasses.replace(conventions.MAX_POOL["mxnet"], argmax="plane")
@@ -155,219 +150,92 @@ def _boxes(boxes, box_indices):
     return b, i
 
 
-def _refuse_unsupported(op):
-    if tf.executing_eagerly():  # XLA compilation and SavedModel export both trace graphs
-        return
-    graph = tf.compat.v1.get_default_graph()
-    if _in_xla is not None and _in_xla(graph):
+def _refuse_xla(op):
+    if not tf.executing_eagerly() and _in_xla is not None and _in_xla(
+            tf.compat.v1.get_default_graph()):
         raise NotImplementedError(
             f"roicore.adapters.tf.{op} cannot be compiled with XLA (tf.function(jit_compile=True) "
-            "or Keras jit_compile=True): it runs roicore's kernels through tf.numpy_function, "
-            "which XLA does not support. Call it from a function with jit_compile=False.")
-    if _in_save is not None and _in_save():
-        raise NotImplementedError(
-            f"roicore.adapters.tf.{op} cannot be exported to a SavedModel (tf.saved_model.save, "
-            "Keras Model.export): it runs roicore's kernels through tf.numpy_function, whose "
-            "Python code a SavedModel cannot hold. Save Keras models as .keras files instead.")
+            "or Keras jit_compile=True): roicore's TensorFlow ops have CPU kernels and no XLA "
+            "lowering. Call it from a function with jit_compile=False.")
 
 
 # ---------------------------------------------------------------------------------------
-# Run-time checks and layout (inside tf.numpy_function, on NumPy arrays)
+# Running an op: the native op library, else the tf.numpy_function fallback
 
-def _xyxy(boxes, box_indices, n_images):
-    """Check boxes/box_indices against the batch and swap [y1, x1, y2, x2] to [x1, y1, x2, y2]."""
-    b, i = np.asarray(boxes), np.asarray(box_indices)
-    if b.ndim != 2 or b.shape[1] != 4:
-        raise ValueError(f"boxes must have shape (K, 4) [y1, x1, y2, x2], got {b.shape}")
-    if i.shape != (b.shape[0],):
-        raise ValueError(f"box_indices must have shape ({b.shape[0]},), one image index per "
-                         f"box, got {i.shape}")
-    if i.size and (i.min() < 0 or i.max() >= n_images):  # two reductions, then the culprit
-        k = int(np.flatnonzero((i < 0) | (i >= n_images))[0])
-        raise ValueError(f"box_indices[{k}] = {int(i[k])} is outside [0, batch_size) for images "
-                         f"with batch_size={n_images}")
-    return b[:, [1, 0, 3, 2]], i
+class NativeOpsWarning(RuntimeWarning):
+    """roicore's TensorFlow op library is not available; the tf.numpy_function fallback runs."""
 
 
-_HOST_DEVICE = []
+_LIBRARY = {}
 
 
-def _host_device():
-    """The device of tensors made from NumPy arrays through DLPack."""
-    if not _HOST_DEVICE:
-        _HOST_DEVICE.append(tf.experimental.dlpack.from_dlpack(
-            np.zeros(1, np.float32).__dlpack__()).device)
-    return _HOST_DEVICE[0]
+def native_ops():
+    """roicore's TensorFlow op library (the module ``tf.load_op_library`` returns), built
+    and loaded at the first call; None when the ops run through the ``tf.numpy_function``
+    fallback instead, because ``ROICORE_TF_NATIVE=0`` asks for it or the library could not
+    be built or loaded (a :class:`NativeOpsWarning` then says why, once)."""
+    if "library" not in _LIBRARY:
+        library = None
+        if os.environ.get("ROICORE_TF_NATIVE", "").strip() != "0":
+            try:
+                from .native import tf as native_tf
+                library = native_tf.load()
+            except Exception as exc:  # no compiler, a failed build or load: say why, go on
+                warnings.warn(
+                    "roicore.adapters.tf runs its ops through tf.numpy_function: its TensorFlow "
+                    f"op library is not available ({type(exc).__name__}: {exc}). Eager mode, "
+                    "tf.function and Keras work; SavedModel export does not.",
+                    NativeOpsWarning, stacklevel=3)
+        _LIBRARY["library"] = library
+    return _LIBRARY["library"]
 
 
-@functools.lru_cache(maxsize=64)
-def _is_host_device(device):
-    """Whether a tensor's device string names the host ("" means not placed yet)."""
-    return not device or tf.DeviceSpec.from_string(device).device_type in (None, "CPU")
+@dataclasses.dataclass(frozen=True)
+class _Native:
+    """An op as the native library runs it: its op type and attributes (besides
+    data_format and n_threads), and whether the boxes get a gradient."""
+    op_type: str
+    attrs: dict
+    boxes_differentiable: bool = False
 
 
-def _device_of(t):
-    return t.device
-
-
-def _on_host(t, argument):
-    """``t`` itself when it is on the host (or not placed yet, in a graph), else, as the
-    device policy allows (:func:`roicore.adapters.set_device_policy`), a copy on the host."""
-    device = _device_of(t)
-    if _is_host_device(device):
-        return t
-    off_host("tf", argument, device)
-    with tf.device("/device:CPU:0"):
-        return tf.identity(t)
-
-
-def _back_to(y, device):
-    """The result on the device the images came from (a copy when that is not the host)."""
-    if _is_host_device(device):
-        return y
-    with tf.device(device):
-        return tf.identity(y)
-
-
-def _eager_on_host(*tensors):
-    return tf.executing_eagerly() and all(t.device == _host_device() for t in tensors)
-
-
-def _to_tensor(a):
-    """An eager tensor sharing NumPy array ``a``'s memory (DLPack) when it is 64-byte
-    aligned, else a copy.  TF's from_dlpack accepts unaligned memory, but its kernels then
-    abort the process (``Check failed: IsAligned()``).  roicore.core's outputs are aligned
-    (its ALIGNMENT is TF's EIGEN_MAX_ALIGN_BYTES); float16 results may not be."""
-    if (a.size and a.flags.c_contiguous and a.flags.writeable
-            and a.__array_interface__["data"][0] % ALIGNMENT == 0):  # (.ctypes is slower)
-        return tf.experimental.dlpack.from_dlpack(a.__dlpack__())
-    return tf.convert_to_tensor(a)
-
-
-def _may_need_gradient(x):
-    """Whether a GradientTape records eager tensor ``x`` (so a gradient may be asked for)."""
-    if _record is None:  # pragma: no cover - TF layout without the private module
-        return True
-    return _record.could_possibly_record() and _record.should_record_backprop([x])
-
-
-def _apply(op, name, images, boxes, box_indices, data_format, out_hw, out_channels, forward,
-           backward, with_argmax=False, graph_argmax=True, boxes_backward=None):
-    """images (any format) -> NCHW -> core forward/backward -> format.
-
-    ``forward(x, boxes, box_indices, argmax)`` runs on NumPy arrays and returns y, or
-    (y, argmax) when asked for one (ops ``with_argmax``); ``backward(dy, boxes,
-    box_indices, x_shape, *saved)`` returns dx; ``boxes_backward(dy, x, boxes,
-    box_indices)``, for ops that have one, the gradient of the boxes.
-    ``graph_argmax=False`` (a Keras layer called with ``training=False``): in a graph the
-    forward pass computes no argmax, and a gradient, should one be asked for all the same,
-    recomputes it.
-    """
-    _refuse_unsupported(op)
+def _apply(op, name, images, boxes, box_indices, data_format, n_threads, out_hw, out_channels,
+           native, **fallback):
+    """Check the arguments, bring tensors to the host, run ``native`` (a :class:`_Native`)
+    on the op library, or the fallback (``_tf_numpy.run``'s arguments) when there is none,
+    and bring the result back to the images' device."""
+    _refuse_xla(op)
     data_format = _data_format(data_format)
     # eager ops carry no names, and the scope cost 9 us per call
     with tf.name_scope(name or op) if not tf.executing_eagerly() else contextlib.nullcontext():
         images = _images(images, data_format)
         boxes, box_indices = _boxes(boxes, box_indices)
-        home = _device_of(images)
-        images, boxes, box_indices = (_on_host(t, arg) for t, arg in (
+        home = _tf_common.device_of(images)
+        images, boxes, box_indices = (on_host(t, arg) for t, arg in (
             (images, "images"), (boxes, "boxes"), (box_indices, "box_indices")))
-        x = images if data_format == "NCHW" else tf.transpose(images, [0, 3, 1, 2])
-        c = x.shape[1] if x.shape.rank else None
+        channels = out_channels(images.shape[1 if data_format == "NCHW" else 3]
+                                if images.shape.rank else None)
         k = boxes.shape[0] if boxes.shape.rank else None
-        out_shape = [k, out_channels(c), *out_hw]
-        if _eager_on_host(x, boxes, box_indices):
-            # the core's result already has exactly this shape
-            y = _eager(op, x, boxes, box_indices, forward, backward, with_argmax,
-                       boxes_backward)
+        shape = [k, channels, *out_hw] if data_format == "NCHW" else [k, *out_hw, channels]
+        if native_ops() is not None:
+            y = _run_native(native, images, boxes, box_indices, data_format, n_threads)
+            if channels is not None and y.shape[-1 if data_format == "NHWC" else 1] is None:
+                y = tf.ensure_shape(y, shape)  # output_channels given, images' C unknown
         else:
-            y = _graph(op, x, boxes, box_indices, out_shape, forward, backward, with_argmax,
-                       graph_argmax, boxes_backward)
-            y.set_shape(out_shape)
-        y = y if data_format == "NCHW" else tf.transpose(y, [0, 2, 3, 1])
-        return _back_to(y, home)
+            _tf_numpy.refuse_export(op)
+            x = images if data_format == "NCHW" else tf.transpose(images, [0, 3, 1, 2])
+            y = _tf_numpy.run(op, x, boxes, box_indices, [k, channels, *out_hw], **fallback)
+            y = y if data_format == "NCHW" else tf.transpose(y, [0, 2, 3, 1])
+        return back_to(y, home)
 
 
-def _eager(op, x, boxes, box_indices, forward, backward, with_argmax, boxes_backward):
-    """Eager, on the host: the core on zero-copy NumPy views of the tensors.  Without a tape
-    recording x (or, for ops with a box gradient, the boxes) no gradient can be asked for:
-    no custom gradient, no argmax.  Otherwise what the backward needs (the argmax) stays a
-    NumPy array in the gradient's closure."""
-    xa, ba, ia = np.asarray(x), np.asarray(boxes), np.asarray(box_indices)
-    boxes_backward = boxes_backward if boxes_backward and _may_need_gradient(boxes) else None
-    if not (_may_need_gradient(x) or boxes_backward):
-        return _to_tensor(forward(xa, ba, ia, False))
-
-    @tf.custom_gradient
-    def _op(x, boxes, box_indices):
-        res = forward(xa, ba, ia, with_argmax)
-        y, *saved = res if with_argmax else (res,)
-        shape = np.array(xa.shape, np.int64)
-
-        def grad(dy):
-            dy = _on_host(dy, "the gradient")
-            if not _eager_on_host(dy):  # pragma: no cover - a gradient taken outside eager mode
-                return _graph_gradients(op, dy, x, boxes, box_indices, backward,
-                                        boxes_backward, saved)
-            g = np.asarray(dy)
-            dx = _to_tensor(backward(g, ba, ia, shape, *saved))
-            db = None if boxes_backward is None else tf.cast(
-                _to_tensor(boxes_backward(g, xa, ba, ia)), boxes.dtype)
-            return dx, db, None
-
-        return _to_tensor(y), grad
-
-    return _op(x, boxes, box_indices)
-
-
-def _graph_gradients(op, dy, x, boxes, box_indices, backward, boxes_backward, saved):
-    """The gradients of x and (when the op has one) of the boxes, as numpy_function ops:
-    a graph runs only the one that something uses."""
-    shape = tf.shape(x, out_type=tf.int64)
-    dx = tf.numpy_function(backward, [dy, boxes, box_indices, shape, *saved], x.dtype,
-                           stateful=False, name=op + "_grad")
-    dx.set_shape(x.shape)
-    if boxes_backward is None:
-        return dx, None, None
-    db = tf.numpy_function(boxes_backward, [dy, x, boxes, box_indices], x.dtype,
-                           stateful=False, name=op + "_grad_boxes")
-    db.set_shape(boxes.shape)
-    return dx, tf.cast(db, boxes.dtype), None
-
-
-def _graph(op, x, boxes, box_indices, out_shape, forward, backward, with_argmax,
-           graph_argmax=True, boxes_backward=None):
-    """In a graph (or off the host): tf.numpy_function.  The argmax is computed by the
-    forward pass unless ``graph_argmax`` is False; then a gradient recomputes it."""
-    saving = with_argmax and graph_argmax
-
-    @tf.custom_gradient
-    def _op(x, boxes, box_indices):
-        def forward_saving(x, b, i):
-            return forward(x, b, i, saving)  # 64-byte aligned: TF keeps it uncopied
-
-        dtypes = [x.dtype, tf.int32] if saving else [x.dtype]
-        y, *saved = tf.numpy_function(forward_saving, [x, boxes, box_indices], dtypes,
-                                      stateful=False, name=op)
-        y.set_shape(out_shape)
-
-        def recompute_and_backward(dy, b, i, shape, x):
-            return backward(dy, b, i, shape, forward(x, b, i, True)[1])
-
-        def grad(dy):
-            dy = _on_host(dy, "the gradient")
-            if with_argmax and not saving:
-                shape = tf.shape(x, out_type=tf.int64)
-                dx = tf.numpy_function(recompute_and_backward, [dy, boxes, box_indices, shape, x],
-                                       x.dtype, stateful=False, name=op + "_grad")
-                dx.set_shape(x.shape)
-                return dx, None, None
-            return _graph_gradients(op, dy, x, boxes, box_indices, backward, boxes_backward,
-                                    saved)
-
-        return y, grad
-
-    return _op(x, boxes, box_indices)
+def _run_native(native, images, boxes, box_indices, data_format, n_threads):
+    from .native import tf as native_tf
+    attrs = {**native.attrs, "data_format": data_format, "n_threads": n_threads or 0}
+    half = images.dtype == tf.float16  # computed in float32, as roicore.core does
+    x = tf.cast(images, tf.float32) if half else images
+    y = native_tf.call(native.op_type, x, boxes, box_indices, attrs, native.boxes_differentiable)
+    return tf.cast(y, tf.float16) if half else y
 
 
 def _same_channels(c):
@@ -478,6 +346,18 @@ def _static(value, name):
     return tuple(known.tolist()) if known.shape else int(known)
 
 
+def _float_attr(value, name):
+    """A positive scale as a TF float attribute holds it: a C float, as the "mxnet"
+    conventions of these ops hold it too (checked not to underflow or overflow there)."""
+    value = _validate.positive_scale(value, name)
+    return _validate.held_scale(value, float(np.float32(value)), name)
+
+
+def _rules(name):
+    """The op's convention as the op library's ``rules`` attribute."""
+    return list(_binding.rules_codes(CONVENTIONS[name]))
+
+
 def _roi_pool(images, boxes, box_indices, out_hw, spatial_scale, method,
               extrapolation_value, data_format, name, n_threads, graph_argmax=True):
     core.effective_n_threads(n_threads)
@@ -489,29 +369,34 @@ def _roi_pool(images, boxes, box_indices, out_hw, spatial_scale, method,
         rules = CONVENTIONS["roi_pool/" + method]
 
         def forward(x, b, i, argmax):
-            xyxy, i = _xyxy(b, i, x.shape[0])
+            xyxy, i = _tf_numpy.xyxy(b, i, x.shape[0])
             return core.roi_pool(x, xyxy, out_hw, batch_indices=i, method=method,
                                  convention=rules, extrapolation_value=extrapolation_value,
                                  n_threads=n_threads)
 
         def backward(dy, b, i, shape):
-            xyxy, i = _xyxy(b, i, shape[0])
+            xyxy, i = _tf_numpy.xyxy(b, i, shape[0])
             return core.roi_pool_backward(dy, xyxy, tuple(shape), batch_indices=i,
                                           method=method, convention=rules,
                                           n_threads=n_threads)
 
         def boxes_backward(dy, x, b, i):
-            xyxy, i = _xyxy(b, i, x.shape[0])
+            xyxy, i = _tf_numpy.xyxy(b, i, x.shape[0])
             d = core.roi_pool_boxes_backward(dy, x, xyxy, batch_indices=i,
                                              convention=CONVENTIONS["roi_pool/bilinear"],
                                              n_threads=n_threads)
             return d[:, [1, 0, 3, 2]]
 
-        return _apply("roi_pool", name, images, boxes, box_indices, data_format, out_hw,
-                      _same_channels, forward, backward, boxes_backward=boxes_backward)
+        native = _Native("RoicoreCropAndResize", dict(
+            crop_height=out_hw[0], crop_width=out_hw[1], method=method,
+            extrapolation_value=_validate.real(extrapolation_value, "extrapolation_value"),
+            rules=_rules("roi_pool/" + method)), boxes_differentiable=True)
+        return _apply("roi_pool", name, images, boxes, box_indices, data_format, n_threads,
+                      out_hw, _same_channels, native, forward=forward, backward=backward,
+                      boxes_backward=boxes_backward)
 
     def forward(x, b, i, with_argmax):
-        xyxy, i = _xyxy(b, i, x.shape[0])
+        xyxy, i = _tf_numpy.xyxy(b, i, x.shape[0])
         res = core.roi_pool(x, xyxy, out_hw, spatial_scale, batch_indices=i, method="max",
                             convention=_MAX_RULES, return_argmax=with_argmax,
                             n_threads=n_threads)
@@ -524,13 +409,17 @@ def _roi_pool(images, boxes, box_indices, out_hw, spatial_scale, method,
         return y, argmax
 
     def backward(dy, b, i, shape, argmax):
-        xyxy, i = _xyxy(b, i, shape[0])
+        xyxy, i = _tf_numpy.xyxy(b, i, shape[0])
         return core.roi_pool_backward(dy, xyxy, tuple(shape), spatial_scale, batch_indices=i,
                                       method="max", convention=_MAX_RULES, argmax=argmax,
                                       n_threads=n_threads)
 
-    return _apply("roi_pool", name, images, boxes, box_indices, data_format, out_hw,
-                  _same_channels, forward, backward, with_argmax=True,
+    native = _Native("RoicoreRoiPoolMax", dict(
+        pooled_height=out_hw[0], pooled_width=out_hw[1],
+        spatial_scale=_float_attr(spatial_scale, "spatial_scale"), rules=_rules("roi_pool/max"),
+        compute_argmax=graph_argmax))
+    return _apply("roi_pool", name, images, boxes, box_indices, data_format, n_threads, out_hw,
+                  _same_channels, native, forward=forward, backward=backward, with_argmax=True,
                   graph_argmax=graph_argmax)
 
 
@@ -570,24 +459,28 @@ def psroi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, outpu
     rules = CONVENTIONS["psroi_pool"]
 
     def out_channels(c):
-        if output_channels is not None:
+        """D; checked against the images' channels when they are known."""
+        if c is None:
             return output_channels if isinstance(output_channels, numbers.Integral) else None
-        return c // (gh * gw) if c is not None and c % (gh * gw) == 0 else None
+        return _psroi_setup(out_hw, (gh, gw), c, output_channels, "images")[4]
 
     def forward(x, b, i, argmax):
-        xyxy, i = _xyxy(b, i, x.shape[0])
+        xyxy, i = _tf_numpy.xyxy(b, i, x.shape[0])
         return core.psroi_pool(x, xyxy, out_hw, spatial_scale, output_channels=output_channels,
                                group_size=group_size, batch_indices=i, convention=rules,
                                n_threads=n_threads)
 
     def backward(dy, b, i, shape):
-        xyxy, i = _xyxy(b, i, shape[0])
+        xyxy, i = _tf_numpy.xyxy(b, i, shape[0])
         return core.psroi_pool_backward(dy, xyxy, tuple(shape), spatial_scale,
                                         group_size=group_size, batch_indices=i,
                                         convention=rules, n_threads=n_threads)
 
-    return _apply("psroi_pool", name, images, boxes, box_indices, data_format, out_hw,
-                  out_channels, forward, backward)
+    native = _Native("RoicorePsroiPool", dict(
+        pooled_height=out_hw[0], pooled_width=out_hw[1], group_height=gh, group_width=gw,
+        spatial_scale=_float_attr(spatial_scale, "spatial_scale"), rules=_rules("psroi_pool")))
+    return _apply("psroi_pool", name, images, boxes, box_indices, data_format, n_threads,
+                  out_hw, out_channels, native, forward=forward, backward=backward)
 
 
 def roi_align(images, boxes, box_indices, output_size, spatial_scale=1.0, sampling_ratio=-1,
@@ -620,18 +513,23 @@ def roi_align(images, boxes, box_indices, output_size, spatial_scale=1.0, sampli
     rules = CONVENTIONS["roi_align"]
 
     def forward(x, b, i, argmax):
-        xyxy, i = _xyxy(b, i, x.shape[0])
+        xyxy, i = _tf_numpy.xyxy(b, i, x.shape[0])
         return core.roi_align(x, xyxy, out_hw, spatial_scale, sampling_ratio, aligned,
                               batch_indices=i, convention=rules, n_threads=n_threads)
 
     def backward(dy, b, i, shape):
-        xyxy, i = _xyxy(b, i, shape[0])
+        xyxy, i = _tf_numpy.xyxy(b, i, shape[0])
         return core.roi_align_backward(dy, xyxy, tuple(shape), spatial_scale, sampling_ratio,
                                        aligned, batch_indices=i, convention=rules,
                                        n_threads=n_threads)
 
-    return _apply("roi_align", name, images, boxes, box_indices, data_format, out_hw,
-                  _same_channels, forward, backward)
+    native = _Native("RoicoreRoiAlign", dict(
+        pooled_height=out_hw[0], pooled_width=out_hw[1],
+        spatial_scale=_float_attr(spatial_scale, "spatial_scale"),
+        sampling_ratio=_validate.sampling_ratio(sampling_ratio),
+        aligned=_validate.flag(aligned, "aligned"), rules=_rules("roi_align")))
+    return _apply("roi_align", name, images, boxes, box_indices, data_format, n_threads,
+                  out_hw, _same_channels, native, forward=forward, backward=backward)
 
 
 # ---------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ log = logging.getLogger("roicore.native")
 COMPILERS = ("c++", "g++", "clang++")
 LIBRARY_SUFFIX = ".dll" if sys.platform == "win32" else ".so"
 _LOG_TAIL = 4000  # characters of compiler output quoted in an error
+_ERROR_LINES = 20
 
 
 class NativeBuildError(RuntimeError):
@@ -233,8 +234,16 @@ def _compile(cmd: list[str], log_path: pathlib.Path, purpose: str) -> None:
     _write_atomically(log_path, f"$ {shlex.join(cmd)}\n{proc.stdout}{proc.stderr}"
                                 f"exit status {proc.returncode}\n")
     if proc.returncode != 0:
-        output = (proc.stdout + proc.stderr).strip()
         raise NativeBuildError(
             f"roicore could not compile {purpose}: the compiler exited with status "
             f"{proc.returncode}.\ncommand: {shlex.join(cmd)}\n"
-            f"{output[-_LOG_TAIL:]}\n(full log: {log_path})")
+            f"{_diagnostics(proc.stdout + proc.stderr)}\n(full log: {log_path})")
+
+
+def _diagnostics(output: str) -> str:
+    """The compiler's error lines (warnings about the framework's own headers can run to
+    thousands of lines before them), else the end of its output."""
+    errors = [line for line in output.splitlines() if "error" in line.lower()
+              and ("error:" in line or "Error" in line or "undefined reference" in line)]
+    text = "\n".join(errors[:_ERROR_LINES]) if errors else output.strip()
+    return text[-_LOG_TAIL:]

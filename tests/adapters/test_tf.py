@@ -458,7 +458,7 @@ def test_keras_layer_under_an_xla_function_is_refused_clearly():
 
 # ---------------------------------------------------------------------------------------
 # Tensors on an accelerator: the shared device policy.  There is no GPU here, so the
-# adapter's reading of a tensor's device (_device_of) is monkeypatched to report the
+# adapter's reading of a tensor's device (_tf_common.device_of) is monkeypatched to report the
 # images (or the upstream gradient) on "GPU:0"; the copies then really run, to the CPU
 # and, with soft device placement, "back" to a GPU that falls back to the CPU.
 
@@ -469,10 +469,10 @@ GPU = "/job:localhost/replica:0/task:0/device:GPU:0"
 def images_on_gpu(monkeypatch):
     """Make the adapter see the tensors it is given as ``fake`` (a list, filled by the
     test) as living on GPU:0; the policy and its once-per-device warning are reset."""
-    from roicore.adapters import _common
+    from roicore.adapters import _common, _tf_common
     fake = []
-    real = rtf._device_of
-    monkeypatch.setattr(rtf, "_device_of",
+    real = _tf_common.device_of
+    monkeypatch.setattr(_tf_common, "device_of",
                         lambda t: GPU if any(t is f for f in fake) else real(t))
     monkeypatch.setattr(_common, "_warned", set())
     previous = _common.get_device_policy()
