@@ -21,6 +21,8 @@ compile one: :func:`refuse_export` says so while tracing.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from roicore.core._memory import ALIGNMENT
@@ -107,6 +109,16 @@ def _to_tensor(a):
     return tf.convert_to_tensor(a)
 
 
+@contextlib.contextmanager
+def _op_errors():
+    """roicore.core's complaints about the tensors' values as the InvalidArgumentError a TF
+    op (and this op in a graph, through numpy_function) raises."""
+    try:
+        yield
+    except ValueError as exc:
+        raise tf.errors.InvalidArgumentError(None, None, str(exc)) from None
+
+
 def _eager(op, x, boxes, box_indices, forward, backward, with_argmax, boxes_backward):
     """Eager, on the host: the core on zero-copy NumPy views of the tensors.  Without a tape
     recording x (or, for ops with a box gradient, the boxes) no gradient can be asked for:
@@ -115,11 +127,13 @@ def _eager(op, x, boxes, box_indices, forward, backward, with_argmax, boxes_back
     xa, ba, ia = np.asarray(x), np.asarray(boxes), np.asarray(box_indices)
     boxes_backward = boxes_backward if boxes_backward and may_record(boxes) else None
     if not (may_record(x) or boxes_backward):
-        return _to_tensor(forward(xa, ba, ia, False))
+        with _op_errors():
+            return _to_tensor(forward(xa, ba, ia, False))
 
     @tf.custom_gradient
     def _op(x, boxes, box_indices):
-        res = forward(xa, ba, ia, with_argmax)
+        with _op_errors():
+            res = forward(xa, ba, ia, with_argmax)
         y, *saved = res if with_argmax else (res,)
         shape = np.array(xa.shape, np.int64)
 
@@ -129,9 +143,10 @@ def _eager(op, x, boxes, box_indices, forward, backward, with_argmax, boxes_back
                 return _graph_gradients(op, dy, x, boxes, box_indices, backward,
                                         boxes_backward, saved)
             g = np.asarray(dy)
-            dx = _to_tensor(backward(g, ba, ia, shape, *saved))
-            db = None if boxes_backward is None else tf.cast(
-                _to_tensor(boxes_backward(g, xa, ba, ia)), boxes.dtype)
+            with _op_errors():
+                dx = _to_tensor(backward(g, ba, ia, shape, *saved))
+                db = None if boxes_backward is None else tf.cast(
+                    _to_tensor(boxes_backward(g, xa, ba, ia)), boxes.dtype)
             return dx, db, None
 
         return _to_tensor(y), grad

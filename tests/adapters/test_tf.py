@@ -13,93 +13,13 @@ from conftest import framework
 tf = framework("tensorflow", "the TensorFlow adapter needs tensorflow")
 keras = framework("keras", "the TensorFlow adapter's layers need Keras 3")
 
-from roicore import core  # noqa: E402
 from roicore.adapters import tf as rtf  # noqa: E402
+from tf_cases import (  # noqa: E402
+    DTYPES, FORMATS, OPS, call_adapter, core_backward, core_forward, forward_and_grad,
+    from_format, make_case, params, to_format)
 
-OPS = ("roi_pool_max", "roi_pool_bilinear", "psroi_pool", "roi_align")
-FORMATS = ("NHWC", "NCHW")
-DTYPES = (np.float16, np.float32, np.float64)
-
-
-# ---------------------------------------------------------------------------------------
-# Inputs and the core calls they are compared with
-
-def make_case(op, seed=0, dtype=np.float32, N=2, C=None, H=9, W=11, K=7, scale=0.5):
-    """NCHW images, [y1, x1, y2, x2] boxes (incl. out-of-range, flipped and zero-size ones)
-    and box indices.  Bilinear boxes are normalised; the others absolute."""
-    rng = np.random.default_rng(seed)
-    C = C if C is not None else (2 * 3 * 3 if op == "psroi_pool" else 3)
-    # distinct values so max pooling has no ties (finite differences stay valid)
-    x = (rng.permutation(N * C * H * W).reshape(N, C, H, W) * 0.01 - 1).astype(dtype)
-    if op == "roi_pool_bilinear":
-        yx = rng.uniform(-0.3, 1.3, (K, 4))
-    else:
-        yx = rng.uniform(-3, [H / scale + 3, W / scale + 3] * 2, (K, 4))
-    yx[0] = yx[0, [2, 3, 0, 1]] if yx[0, 0] < yx[0, 2] else yx[0]  # flipped box
-    yx[1, 2:] = yx[1, :2]                                           # zero-size box
-    boxes = yx.astype(np.float32)
-    idx = rng.integers(0, N, K).astype(np.int32)
-    return x, boxes, idx
-
-
-def params(op):
-    return {"roi_pool_max": dict(output_size=(3, 2), spatial_scale=0.5),
-            "roi_pool_bilinear": dict(output_size=(3, 4)),
-            "psroi_pool": dict(output_size=3, spatial_scale=0.5),
-            "roi_align": dict(output_size=(2, 3), spatial_scale=0.5, sampling_ratio=2)}[op]
-
-
-def call_adapter(op, images, boxes, idx, data_format="NHWC", **kw):
-    kw = {**params(op), **kw}
-    if op.startswith("roi_pool"):
-        return rtf.roi_pool(images, boxes, idx, method=op.split("_")[-1], data_format=data_format,
-                            **kw)
-    return getattr(rtf, op)(images, boxes, idx, data_format=data_format, **kw)
-
-
-def to_format(x_nchw, data_format):
-    return x_nchw if data_format == "NCHW" else np.transpose(x_nchw, (0, 2, 3, 1))
-
-
-def from_format(a, data_format):
-    return a if data_format == "NCHW" else np.transpose(a, (0, 3, 1, 2))
-
-
-def core_forward(op, x, boxes, idx):
-    xyxy = boxes[:, [1, 0, 3, 2]]
-    kw = params(op)
-    if op == "roi_pool_max":
-        return core.roi_pool(x, xyxy, batch_indices=idx, method="max", convention="mxnet", **kw)
-    if op == "roi_pool_bilinear":
-        return core.roi_pool(x, xyxy, batch_indices=idx, method="bilinear",
-                             convention="tensorflow", **kw)
-    return getattr(core, op)(x, xyxy, batch_indices=idx, convention="mxnet", **kw)
-
-
-def core_backward(op, dy, x, boxes, idx):
-    xyxy = boxes[:, [1, 0, 3, 2]]
-    kw = params(op)
-    kw.pop("output_size")
-    if op == "roi_pool_max":
-        _, argmax = core.roi_pool(x, xyxy, batch_indices=idx, method="max", convention="mxnet",
-                                  return_argmax=True, **params(op))
-        return core.roi_pool_backward(dy, xyxy, x.shape, batch_indices=idx, method="max",
-                                      convention="mxnet", argmax=argmax, **kw)
-    if op == "roi_pool_bilinear":
-        return core.roi_pool_backward(dy, xyxy, x.shape, batch_indices=idx, method="bilinear",
-                                      convention="tensorflow", **kw)
-    return getattr(core, op + "_backward")(dy, xyxy, x.shape, batch_indices=idx,
-                                           convention="mxnet", **kw)
-
-
-def forward_and_grad(op, images, boxes, idx, dy, data_format, **kw):
-    images = tf.convert_to_tensor(images)
-    with tf.GradientTape() as tape:
-        tape.watch(images)
-        y = call_adapter(op, images, boxes, idx, data_format, **kw)
-        loss = tf.reduce_sum(y * tf.cast(dy, y.dtype))
-    return y, tape.gradient(loss, images)
-
+# every test runs on the native op library and on the tf.numpy_function fallback
+pytestmark = pytest.mark.usefixtures("tf_backend")
 
 # ---------------------------------------------------------------------------------------
 # Adapter == core
@@ -148,76 +68,6 @@ def test_n_threads_does_not_change_results():
                              n_threads=n) for n in (1, 2)]
     np.testing.assert_array_equal(outs[0][0], outs[1][0])
     np.testing.assert_array_equal(outs[0][1], outs[1][1])
-
-
-# ---------------------------------------------------------------------------------------
-# How the core is called: eager zero-copy views, argmax only when a tape records
-
-_CORE_NAME = {"roi_pool_max": "roi_pool", "roi_pool_bilinear": "roi_pool",
-              "psroi_pool": "psroi_pool", "roi_align": "roi_align"}
-
-
-@pytest.mark.parametrize("op", OPS)
-def test_eager_call_without_tape_computes_no_argmax(op, spy_core):
-    """No GradientTape records the images: the core is called directly, without an argmax,
-    on a view of the images' memory (no copy), and its aligned result becomes the output
-    tensor (no copy); a taped call afterwards gives the same output and the gradient."""
-    x, boxes, idx = make_case(op, 3)
-    images = tf.constant(x)
-    calls = spy_core(_CORE_NAME[op])
-    y = call_adapter(op, images, boxes, idx, "NCHW")
-    (args, kw, res), = calls
-    assert not kw.get("return_argmax", False)
-    assert args[0].ctypes.data == np.asarray(images).ctypes.data  # the images, not a copy
-    assert "out" not in kw and res.ctypes.data % 64 == 0  # the core's outputs are aligned
-    assert np.asarray(y).ctypes.data == res.ctypes.data           # the output, not a copy
-    y_core = core_forward(op, x, boxes, idx)
-    np.testing.assert_array_equal(y.numpy(), y_core)
-    dy = np.random.default_rng(4).standard_normal(y_core.shape).astype(np.float32)
-    y2, g = forward_and_grad(op, x, boxes, idx, dy, "NCHW")
-    assert calls[-1].kwargs.get("return_argmax", False) == (op == "roi_pool_max")
-    np.testing.assert_array_equal(y2.numpy(), y_core)
-    np.testing.assert_array_equal(g.numpy(), core_backward(op, dy, x, boxes, idx))
-    with tf.GradientTape() as tape:  # a tape that does not watch the images changes nothing
-        call_adapter(op, images, boxes, idx, "NCHW")
-    assert not calls[-1].kwargs.get("return_argmax", False)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_eager_outputs_are_aligned_for_tf_kernels(dtype):
-    """TF's kernels abort on unaligned memory; every eager result (float16 ones, computed
-    by the core into its own buffer, included) must feed TF's binary ops."""
-    x, boxes, idx = make_case("roi_pool_max", 1, dtype)
-    dy = np.ones(core_forward("roi_pool_max", x, boxes, idx).shape, dtype)
-    y, g = forward_and_grad("roi_pool_max", x, boxes, idx, dy, "NCHW")
-    for t in (y, g):
-        assert np.asarray(t).ctypes.data % 64 == 0
-        np.testing.assert_array_equal((t * 2).numpy(), t.numpy() * 2)
-
-
-def test_tf_function_results_are_aligned_core_buffers(spy_core):
-    """In a graph tf.numpy_function keeps 64-byte-aligned results without a copy: the core
-    allocates its outputs so; and the argmax is computed, as a tape may watch the call."""
-    x, boxes, idx = make_case("roi_pool_max", 2)
-    calls = spy_core("roi_pool")
-    y = tf.function(lambda im: call_adapter("roi_pool_max", im, boxes, idx, "NCHW"))(
-        tf.constant(x))
-    (_, kw, res), = calls
-    assert kw["return_argmax"] and all(a.ctypes.data % 64 == 0 for a in res)
-    assert np.asarray(y).ctypes.data == res[0].ctypes.data  # kept, not copied
-    np.testing.assert_array_equal(y.numpy(), core_forward("roi_pool_max", x, boxes, idx))
-    # the graph's argmax output is aligned too (so TF keeps it) and the gradient is right
-    dy = np.random.default_rng(5).standard_normal(y.shape).astype(np.float32)
-
-    @tf.function
-    def grad(im):
-        with tf.GradientTape() as tape:
-            tape.watch(im)
-            out = call_adapter("roi_pool_max", im, boxes, idx, "NCHW")
-        return tape.gradient(out, im, output_gradients=dy)
-
-    np.testing.assert_array_equal(grad(tf.constant(x)).numpy(),
-                                  core_backward("roi_pool_max", dy, x, boxes, idx))
 
 
 # ---------------------------------------------------------------------------------------
@@ -395,49 +245,6 @@ def test_keras_layer_equals_op():
     assert layer.get_config()["data_format"] == "channels_first"
 
 
-def test_keras_roi_pool_training_false_skips_the_argmax_in_a_graph(spy_core):
-    """RoIPool called with training=False (Keras predict) in a graph computes no argmax in
-    the forward pass; a gradient taken all the same recomputes it and is still the core's;
-    training=True (fit) computes it in the forward pass."""
-    x, boxes, idx = make_case("roi_pool_max", 5)
-    layer = rtf.RoIPool((3, 2), 0.5, data_format="NCHW")
-    y_core = core_forward("roi_pool_max", x, boxes, idx)
-    dy = np.random.default_rng(6).standard_normal(y_core.shape).astype(np.float32)
-    g_core = core_backward("roi_pool_max", dy, x, boxes, idx)
-    calls = spy_core("roi_pool")
-
-    @tf.function
-    def run(im, training):
-        with tf.GradientTape() as tape:
-            tape.watch(im)
-            y = layer(im, boxes, idx, training=training)
-        return y, tape.gradient(y, im, output_gradients=dy)
-
-    @tf.function
-    def predict(im):
-        return layer(im, boxes, idx, training=False)
-
-    np.testing.assert_array_equal(predict(tf.constant(x)).numpy(), y_core)
-    assert [kw.get("return_argmax", False) for _, kw, _ in calls] == [False]
-    for training, argmax_calls in ((False, [False, True]), (True, [True])):
-        del calls[:]
-        y, g = run(tf.constant(x), training)
-        # (in a graph the two ops have no order: the recompute needs x only)
-        assert sorted(kw.get("return_argmax", False) for _, kw, _ in calls) == argmax_calls
-        np.testing.assert_array_equal(y.numpy(), y_core)
-        np.testing.assert_array_equal(g.numpy(), g_core)
-    # Keras predict: one box per image, as Keras slices every input alike
-    x, boxes, _ = make_case("roi_pool_max", 5, N=4, K=4)
-    idx = np.arange(4, dtype=np.int32)
-    inputs = [keras.Input((3, 9, 11)), keras.Input((4,)), keras.Input((), dtype="int32")]
-    model = keras.Model(inputs, layer(*inputs))
-    del calls[:]
-    np.testing.assert_array_equal(model.predict([x, boxes, idx], batch_size=4, verbose=0),
-                                  core_forward("roi_pool_max", x, boxes, idx))
-    assert calls[0].kwargs["return_argmax"] is False
-    assert not any(kw.get("return_argmax", False) for _, kw, _ in calls)
-
-
 def test_keras_jit_compile_true_falls_back_with_a_warning():
     # the layers declare supports_jit = False, so Keras itself turns XLA off and says so
     x, boxes, idx = make_case("roi_align", N=4, C=4, K=4)
@@ -524,45 +331,6 @@ def test_policy_error_refuses_tensors_off_the_host(images_on_gpu):
 
 
 # ---------------------------------------------------------------------------------------
-# method="bilinear" == tf.image.crop_and_resize, bit for bit
-
-@pytest.fixture
-def op_determinism():
-    from tensorflow.python.framework import config
-    was = config.is_op_determinism_enabled()
-    tf.config.experimental.enable_op_determinism()
-    yield
-    if not was:
-        config.disable_op_determinism()
-
-
-@pytest.mark.parametrize("extrapolation_value", [0.0, -2.5])
-@pytest.mark.parametrize("crop_size", [(1, 1), (7, 5), (1, 4), (6, 1), (14, 14)])
-def test_bilinear_equals_crop_and_resize(crop_size, extrapolation_value, op_determinism):
-    for seed in range(6):
-        rng = np.random.default_rng(seed)
-        N, H, W, C, K = 3, int(rng.integers(1, 13)), int(rng.integers(1, 13)), 4, 40
-        images = tf.constant(rng.standard_normal((N, H, W, C)).astype(np.float32))
-        boxes = rng.uniform(-0.5, 1.5, (K, 4))           # out of range and flipped boxes
-        boxes[:5] = rng.uniform(0, 1, (5, 4))
-        boxes[5] = [0, 0, 1, 1]
-        boxes[6] = [1, 1, 0, 0]
-        boxes[7, 2:] = boxes[7, :2]
-        boxes = tf.constant(boxes.astype(np.float32))
-        idx = tf.constant(rng.integers(0, N, K).astype(np.int32))
-        dy = tf.constant(rng.standard_normal((K,) + crop_size + (C,)).astype(np.float32))
-        with tf.GradientTape(persistent=True) as tape:
-            tape.watch(images)
-            ours = rtf.roi_pool(images, boxes, idx, crop_size, method="bilinear",
-                                extrapolation_value=extrapolation_value)
-            theirs = tf.image.crop_and_resize(images, boxes, idx, crop_size,
-                                              extrapolation_value=extrapolation_value)
-        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
-        np.testing.assert_array_equal(tape.gradient(ours, images, dy).numpy(),
-                                      tape.gradient(theirs, images, dy).numpy())
-
-
-# ---------------------------------------------------------------------------------------
 # Unsupported contexts and bad arguments: clear errors
 
 def test_xla_jit_compile_is_refused_clearly():
@@ -573,28 +341,17 @@ def test_xla_jit_compile_is_refused_clearly():
         fn(tf.constant(x))
 
 
-def test_saved_model_export_is_refused_clearly(tmp_path):
-    x, boxes, idx = make_case("roi_pool_max")
-
-    class Module(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec(x.shape, tf.float32)])
-        def __call__(self, images):
-            return call_adapter("roi_pool_max", images, boxes, idx, "NCHW")
-
-    module = Module()
-    module(tf.constant(x))  # works outside the export
-    with pytest.raises(NotImplementedError, match="SavedModel"):
-        tf.saved_model.save(module, str(tmp_path / "sm"))
-
-
 @pytest.mark.parametrize("bad_index", [-1, 2, 7])
-def test_box_indices_out_of_range(bad_index):
-    x, boxes, idx = make_case("roi_pool_max")
+@pytest.mark.parametrize("op", OPS)
+def test_box_indices_out_of_range(op, bad_index):
+    """A bad value in a tensor is the InvalidArgumentError a TF op raises, eagerly and in a
+    graph, naming the argument, the box and the value."""
+    x, boxes, idx = make_case(op)
     idx[3] = bad_index
-    message = rf"box_indices\[3\] = {bad_index} is outside \[0, batch_size\) .*batch_size=2"
-    with pytest.raises(ValueError, match=message):
-        call_adapter("roi_pool_max", to_format(x, "NHWC"), boxes, idx)
-    fn = tf.function(lambda: call_adapter("roi_pool_max", to_format(x, "NHWC"), boxes, idx))
+    message = rf"box_indices\[3\] = {bad_index} is outside \[0, "
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        call_adapter(op, to_format(x, "NHWC"), boxes, idx)
+    fn = tf.function(lambda: call_adapter(op, to_format(x, "NHWC"), boxes, idx))
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         fn()
 

@@ -118,6 +118,58 @@ def test_reference_box_gradient_matches_finite_differences():
 
 
 # ---------------------------------------------------------------------------------------
+# roi_pool(method="bilinear" | "nearest") == crop_and_resize: forward, image and box gradients
+
+@pytest.mark.usefixtures("tf_backend")
+@pytest.mark.parametrize("mode", ["eager", "tf.function"])
+@pytest.mark.parametrize("method", ["bilinear", "nearest"])
+@pytest.mark.parametrize("extrapolation_value", [0.0, -2.5])
+@pytest.mark.parametrize("crop_size", [(1, 1), (7, 5), (1, 4), (6, 1), (14, 14)])
+def test_roi_pool_equals_crop_and_resize(crop_size, extrapolation_value, method, mode,
+                                         op_determinism):
+    from roicore.adapters import tf as rtf
+
+    def both(images, boxes, idx, dy):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch([images, boxes])
+            ours = rtf.roi_pool(images, boxes, idx, crop_size, method=method,
+                                extrapolation_value=extrapolation_value)
+            theirs = tf.image.crop_and_resize(images, boxes, idx, crop_size, method=method,
+                                              extrapolation_value=extrapolation_value)
+        return [ours, theirs, *tape.gradient(ours, [images, boxes], dy),
+                *tape.gradient(theirs, [images, boxes], dy)]
+
+    run = both if mode == "eager" else tf.function(both)
+    for seed in range(6):
+        images, boxes, idx, _, dy = crop_case(seed, crop_size, halves=seed % 2 == 1)
+        y, y_tf, dx, db, dx_tf, db_tf = (t.numpy() for t in run(
+            tf.constant(images), tf.constant(boxes), tf.constant(idx), tf.constant(dy)))
+        np.testing.assert_array_equal(y, y_tf)
+        np.testing.assert_array_equal(dx, dx_tf)
+        np.testing.assert_array_equal(db, db_tf)
+
+
+@pytest.mark.usefixtures("tf_backend")
+def test_box_gradient_in_float64_and_with_unwatched_boxes():
+    """float64 boxes get a float64 gradient (computed in the images' dtype, float32 here,
+    as crop_and_resize computes it); with the boxes unwatched only the images get one."""
+    from roicore.adapters import tf as rtf
+    images, boxes, idx, crop, dy = crop_case(3)
+    images, boxes64 = tf.constant(images), tf.constant(boxes.astype(np.float64))
+    with tf.GradientTape() as tape:
+        tape.watch(boxes64)
+        ours = rtf.roi_pool(images, boxes64, idx, crop, method="bilinear")
+    db = tape.gradient(ours, boxes64, dy)
+    assert db.dtype == tf.float64
+    want = tf.raw_ops.CropAndResizeGradBoxes(grads=dy, image=images, boxes=boxes, box_ind=idx)
+    np.testing.assert_array_equal(db.numpy(), want.numpy().astype(np.float64))
+    with tf.GradientTape() as tape:
+        tape.watch(images)
+        ours = rtf.roi_pool(images, boxes64, idx, crop, method="bilinear")
+    assert tape.gradient(ours, images, dy) is not None
+
+
+# ---------------------------------------------------------------------------------------
 # roi_pool takes crop_and_resize's arguments
 
 def test_crop_size_is_crop_and_resizes_name_for_the_output_size():
