@@ -6,59 +6,70 @@ TensorFlow has no native RoI pooling, so these ops follow the TF op that is clos
 * ``images`` is a 4-D float16/float32/float64 tensor, **NHWC** by default (TF's layout);
   ``data_format="NCHW"`` takes and returns channels-first tensors.
 * ``boxes`` is a ``(K, 4)`` float tensor with rows **[y1, x1, y2, x2]** (TF's column order),
-  and ``box_indices`` a ``(K,)`` int32/int64 tensor giving the image of each box.
+  and ``box_indices`` a ``(K,)`` int32/int64 tensor giving the image of each box.  The
+  Keras layers also take batched ``(B, R, 4)`` boxes without box indices.
 * Coordinates are **absolute input-image pixels** (scaled onto the feature map by
-  ``spatial_scale``) for ``roi_pool(method="max")``, ``psroi_pool`` and ``roi_align``; only
-  ``roi_pool(method="bilinear")`` takes crop_and_resize's normalised boxes.
+  ``spatial_scale``) for ``roi_pool(method="max")``, ``psroi_pool`` and ``roi_align``; the
+  crop methods, ``roi_pool(method="bilinear" | "nearest")``, take crop_and_resize's
+  normalised boxes (and its ``crop_size`` argument).
 * Outputs are ``(K, PH, PW, C)`` for NHWC and ``(K, C, PH, PW)`` for NCHW, in the dtype of
-  ``images``.
+  ``images`` (float16 is computed in float32).
 
 Arithmetic (the roicore convention each op reproduces bit for bit; see
 :mod:`roicore.core.conventions`):
 
 * ``roi_pool(method="max")``: ``"mxnet"`` (Fast R-CNN integer RoI, spatial_scale held as a
-  C float, as a TF ``float`` attribute would hold it).  The argmax kept for the gradient is
+  C float, as a TF ``float`` attribute holds it).  The argmax kept for the gradient is
   stored per plane (``h*W + w``, int32) instead of MXNet's global index, which changes no
   output value and keeps int32 for any batch size.
-* ``roi_pool(method="bilinear")``: ``"tensorflow"``, i.e. ``tf.image.crop_and_resize``'s
-  sampling and ``CropAndResizeGradImage``'s gradient (equal bit for bit for float32).
+* ``roi_pool(method="bilinear" | "nearest")``: ``"tensorflow"``, i.e.
+  ``tf.image.crop_and_resize``'s sampling, ``CropAndResizeGradImage``'s gradient and
+  ``CropAndResizeGradBoxes``' gradient of the boxes (equal bit for bit for float32).
 * ``psroi_pool``: ``"mxnet"`` (identical numbers to ``"paddle"``).
 * ``roi_align``: ``"mxnet"`` (the Caffe2 sampler, spatial_scale held as a C float).
 
-This module does no arithmetic of its own: it checks arguments, transposes NHWC <-> NCHW
-(``tf.transpose``, one copy of the input in the forward pass and one of the output, and the
-same for the gradient; NCHW input avoids both), swaps the box columns to roicore's
-``[x1, y1, x2, y2]`` (a K x 4 copy) and calls :mod:`roicore.core`.  Gradients flow to
-``images`` only (``tf.custom_gradient``); boxes and box_indices get none.
+Gradients flow to ``images`` and, for the crop methods, to ``boxes``; ``box_indices`` get
+none.  This module does no arithmetic of its own.
 
-How the core is called, and what it costs:
+How the ops run
+---------------
+roicore's **TensorFlow op library** (``roicore.adapters.native``: registered ops with CPU
+kernels on roicore's C library, for every op and its gradient) is compiled against the
+installed TensorFlow the first time an op is called (once per TensorFlow version; see
+:mod:`roicore.adapters.native.tf`) and used in every mode: eagerly, in
+``tf.function``, in Keras ``fit``/``predict``, and in SavedModels (``tf.saved_model.save``,
+Keras ``Model.export``), which then hold only these ops and TF's own.  The ops take either
+layout as it is (no transposes) and give static output shapes.  Their gradients are
+registered with ``tf.RegisterGradient`` and saved with a SavedModel (as custom
+gradients), so a model reloaded where only the op library is loaded still
+differentiates.  Eagerly, when no ``GradientTape`` records the inputs, the forward op
+runs alone and ``roi_pool(method="max")`` computes no argmax; in a graph the argmax is
+computed only when a gradient uses it, and a Keras :class:`RoIPool` called with
+``training=False`` (``predict``/``evaluate``) asks for none.
 
-* Eagerly, on CPU tensors: directly, on NumPy views of the tensors (``np.asarray``, no
-  copy), and the results become tensors through DLPack (no copy; TF needs them 64-byte
-  aligned, so the gradient of ``images``, which roicore.core allocates, is copied once).
-  When no
-  ``GradientTape`` records the images, no gradient can be asked for, so
-  ``roi_pool(method="max")`` computes no argmax.  (``tf.numpy_function`` would copy the
-  inputs and the outputs in eager mode.)
-* In a graph (``tf.function``, Keras ``fit``/``predict``) and for tensors on other devices:
-  through ``tf.numpy_function``, which hands the inputs over without a copy and keeps the
-  outputs without a copy too, as the results are allocated 64-byte aligned (the gradient
-  of ``images`` and the argmax, allocated by roicore.core, are copied once).
-  ``roi_pool(method="max")`` computes its argmax here: the same traced graph serves
-  inference and, when a tape watches the call, training, so whether a gradient will be
-  asked for is not known when the op is built.  The exception is the :class:`RoIPool`
-  layer called with ``training=False`` (Keras ``predict``/``evaluate``): its forward pass
-  computes no argmax, and a gradient asked for all the same recomputes it.
+Deploying a SavedModel: ship the library file (``python -m roicore.adapters.native.tf``
+prints its path) and load it before the model: ``tf.load_op_library(path)`` in Python,
+``TF_LoadLibrary(path, status)`` from TensorFlow's C API in C and C++ programs; roicore
+itself is not needed there.  TF Serving links custom ops into its model server when the
+server is built, from the op source (``roicore/adapters/native/tf_ops.cc``) and roicore's
+static C library (``roicore.core.get_library_dir()``).
 
-Supported: eager execution, ``tf.function`` (static output shapes are set), Keras 3
-layers (:class:`RoIPool`, :class:`PSRoIPool`, :class:`RoIAlign`, serialisable through
-``get_config``), ``tf.distribute`` strategies on CPU devices.  **Not supported**, with a
-``NotImplementedError`` raised while tracing: XLA (``tf.function(jit_compile=True)``,
-Keras ``jit_compile=True``), because XLA cannot compile ``tf.numpy_function``; and SavedModel
-export (``tf.saved_model.save``, Keras ``model.export``), because a SavedModel cannot hold
-the Python function the op calls.  The Keras layers set ``supports_jit = False``, so Keras'
-default ``jit_compile="auto"`` leaves XLA off.  Keras ``.keras`` files (config + weights)
-work.
+When the library cannot be built (no C++ compiler, a failed compile) or
+``ROICORE_TF_NATIVE=0`` is set, the ops run through a **tf.numpy_function fallback**
+(:mod:`roicore.adapters._tf_numpy`), with a :class:`NativeOpsWarning` saying why: eager,
+``tf.function`` and Keras work with the same numbers, SavedModel export raises a clear
+``NotImplementedError``.
+
+Errors: arguments are checked when the op is built (``TypeError``/``ValueError``); values
+inside the tensors (a box index outside the batch, a non-finite box) raise
+``tf.errors.InvalidArgumentError`` with roicore's message, eagerly and in graphs alike.
+**XLA** (``tf.function(jit_compile=True)``, Keras ``jit_compile=True``) is refused with a
+``NotImplementedError`` while tracing: the ops have no XLA lowering.  The Keras layers set
+``supports_jit = False``, so Keras' default ``jit_compile="auto"`` leaves XLA off.
+
+Tensors on an accelerator are copied to the host and the result back, with a
+``DeviceCopyWarning`` once per device (``roicore.adapters.set_device_policy("error")``
+refuses them instead).  ``tf.distribute`` strategies on CPU devices work.
 """
 from __future__ import annotations
 
@@ -622,7 +633,7 @@ class _RoILayer(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="roicore")
 class RoIPool(_RoILayer):
-    """Keras layer for :func:`roi_pool`: ``RoIPool(output_size, ...)(images, boxes[, box_indices])``.
+    """Keras layer for :func:`roi_pool`: ``RoIPool(output_size, ...)(images, boxes, [box_indices])``.
 
     Boxes are ABSOLUTE [y1, x1, y2, x2] for method="max" and normalised as crop_and_resize's
     for method="bilinear" and "nearest"; ``data_format`` is Keras' ("channels_last" by
