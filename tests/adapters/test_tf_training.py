@@ -11,8 +11,9 @@ cross-entropy loss) is trained with SGD for 5 steps twice from the same initial 
   here, independently of the adapter).
 
 Losses and weights must be bit-identical after every step, eagerly and in a
-tf.function.  Op determinism is on so that TensorFlow's own ops (the convolution's
-gradient, CropAndResizeGradImage) repeat their numbers.
+tf.function, on the op library and on the numpy_function fallback.  Op determinism is on
+so that TensorFlow's own ops (the convolution's gradient, CropAndResizeGradImage) repeat
+their numbers.
 """
 import os
 import subprocess
@@ -189,6 +190,7 @@ def train(roi, train_boxes, boxes, eager):
     return history, [w.trainable for w in model.weights]
 
 
+@pytest.mark.usefixtures("tf_backend")
 @pytest.mark.parametrize("mode", ["eager", "tf.function"])
 @pytest.mark.parametrize("head", list(HEADS))
 def test_swapping_the_op_gives_the_same_training_run(head, mode):
@@ -219,7 +221,9 @@ MIRRORED = textwrap.dedent("""
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     tf.config.experimental.enable_op_determinism()
     import keras
+    import os
     from roicore.adapters import tf as rtf
+    assert (rtf.native_ops() is not None) == (os.environ["ROICORE_TF_NATIVE"] == "1")
 
     B, R, CLASSES, STEPS = 4, 3, 4, 3       # 4 images (2 per replica), 3 boxes each
     LAYERS = {
@@ -242,8 +246,8 @@ MIRRORED = textwrap.dedent("""
                                 kernel_initializer=keras.initializers.GlorotUniform(0),
                                 bias_initializer=keras.initializers.Constant(0.05))(im)
         pooled = layer(f, bx)                                   # (B, R, PH, PW, C)
-        logits = keras.layers.Dense(CLASSES, kernel_initializer=keras.initializers.GlorotUniform(1))(
-            keras.layers.Reshape((R, -1))(pooled))
+        dense = keras.layers.Dense(CLASSES, kernel_initializer=keras.initializers.GlorotUniform(1))
+        logits = dense(keras.layers.Reshape((R, -1))(pooled))
         return keras.Model([im, bx], logits)
 
     def shard_loss(model, im, bx, lab):
@@ -309,11 +313,12 @@ MIRRORED = textwrap.dedent("""
 """)
 
 
-def test_mirrored_strategy_training_equals_a_single_device_run():
+@pytest.mark.parametrize("native", ["1", "0"], ids=["native", "numpy_function"])
+def test_mirrored_strategy_training_equals_a_single_device_run(native):
     """Each replica's gradient, all-reduced, and the weights after every step equal a
     single-device run over the replicas' shards, bit for bit (the full-batch loss agrees
-    to rounding: it sums in another order)."""
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    to rounding: it sums in another order); on the op library and on the fallback."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "ROICORE_TF_NATIVE": native}
     proc = subprocess.run([sys.executable, "-c", MIRRORED], capture_output=True, text=True,
                           timeout=600, env=env)
     assert proc.returncode == 0 and "MIRRORED OK" in proc.stdout, (proc.stdout[-2000:],
