@@ -247,11 +247,15 @@ def test_saved_model_reloads_with_only_the_op_library(library, tmp_path):
         np.testing.assert_array_equal(value.numpy(), expected[name])
 
 
-def _saved_graph(path):
+def _saved_model_proto(path):
     from tensorflow.core.protobuf import saved_model_pb2
     saved = saved_model_pb2.SavedModel()
     saved.ParseFromString((pathlib.Path(path) / "saved_model.pb").read_bytes())
-    return saved.meta_graphs[0].graph_def
+    return saved
+
+
+def _saved_graph(path):
+    return _saved_model_proto(path).meta_graphs[0].graph_def
 
 
 def test_a_saved_model_needs_the_op_library(library, tmp_path):
@@ -309,6 +313,48 @@ def test_keras_model_export_serves_in_a_fresh_process(library, tmp_path):
     run_python(KERAS_RELOAD, native_tf.library_path(), tmp_path / "exported",
                tmp_path / "inputs.npz", tmp_path / "served.npy")
     np.testing.assert_array_equal(np.load(tmp_path / "served.npy"), predicted)
+
+
+class Served(tf.Module):
+    """A serving signature over images only (the boxes are constants of the graph)."""
+
+    @tf.function(input_signature=[tf.TensorSpec([N, H, W, C], tf.float32, name="images")])
+    def serve(self, images):
+        _, boxes, normalised, idx = inputs(3)
+        return {name: call(images, normalised if crop else boxes, idx)
+                for name, (call, crop) in OPS.items()}
+
+
+def test_a_c_program_serves_the_saved_model_with_tf_load_library(library, tmp_path):
+    """What a C or C++ deployment does, with TensorFlow's C API and nothing of Python:
+    TF_LoadLibrary on the op library, TF_LoadSessionFromSavedModel, TF_SessionRun."""
+    from roicore.adapters.native import build
+    tf_dir = pathlib.Path(tf.sysconfig.get_lib())
+    program = tmp_path / "serve"
+    subprocess.run([*build.find_compiler(), "-std=c++17", "-O1",
+                    str(pathlib.Path(__file__).with_name("tf_c_api_serve.cc")),
+                    f"-I{tf.sysconfig.get_include()}", f"-L{tf_dir}", "-l:libtensorflow_cc.so.2",
+                    "-l:libtensorflow_framework.so.2", f"-Wl,-rpath,{tf_dir}", "-o", str(program)],
+                   check=True, capture_output=True)
+    module = Served()
+    tf.saved_model.save(module, str(tmp_path / "served"),
+                        signatures={"serving_default": module.serve})
+    signature = _saved_model_proto(tmp_path / "served").meta_graphs[0].signature_def[
+        "serving_default"]
+    images = inputs(4)[0]
+    images.tofile(tmp_path / "images.bin")
+    expected = module.serve(tf.constant(images))
+    for name, want in expected.items():
+        out = tmp_path / f"{name}.bin"
+        proc = subprocess.run([str(program), str(native_tf.library_path()),
+                               str(tmp_path / "served"),
+                               signature.inputs["images"].name, signature.outputs[name].name,
+                               str(tmp_path / "images.bin"), str(out), *map(str, images.shape)],
+                              capture_output=True, text=True,
+                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        np.testing.assert_array_equal(np.fromfile(out, np.float32), want.numpy().ravel(),
+                                      err_msg=name)
 
 
 # ---------------------------------------------------------------------------------------
