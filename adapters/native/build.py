@@ -150,11 +150,13 @@ def compiler_version(cmd: Sequence[str]) -> str:
     try:
         out = subprocess.run([*cmd, "--version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as exc:
-        raise NativeBuildError(f"the C++ compiler {shlex.join(cmd)} could not be run: {exc}") from exc
+        raise NativeBuildError(
+            f"the C++ compiler {shlex.join(cmd)} could not be run: {exc}") from exc
     lines = (out.stdout or out.stderr).strip().splitlines()
     if out.returncode != 0 or not lines:
-        raise NativeBuildError(f"the C++ compiler {shlex.join(cmd)} does not run: "
-                               f"'--version' exited with {out.returncode}: {out.stderr[-_LOG_TAIL:]}")
+        raise NativeBuildError(
+            f"the C++ compiler {shlex.join(cmd)} does not run: '--version' exited with "
+            f"{out.returncode}: {out.stderr[-_LOG_TAIL:]}")
     return lines[0]
 
 

@@ -95,7 +95,8 @@ ROICORE_CLONES static void TYPED(nearest_task)(const void *opv, FWD_TASK *t) {
                 for (int64_t q = 0; q < nv; ++q) out[q] = (VT){0} + op->fill;
                 continue;
             }
-            const VTu *a = (const VTu *)(t->img + ((int64_t)round(y) * W + (int64_t)round(x)) * lanes);
+            const int64_t row = (int64_t)round(y), col = (int64_t)round(x);
+            const VTu *a = (const VTu *)(t->img + (row * W + col) * lanes);
             for (int64_t q = 0; q < nv; ++q) out[q] = a[q];
         }
     }

@@ -206,7 +206,8 @@ def test_keras_layers_take_batched_boxes(op, make_layer, data_format):
                                   tape.gradient(y_flat, images, dy).numpy())
     # in a graph, with the batch size unknown until run time, the same
     fn = tf.function(lambda im, b: layer(im, b), input_signature=[
-        tf.TensorSpec([None, *images.shape[1:]], tf.float32), tf.TensorSpec([None, 4, 4], tf.float32)])
+        tf.TensorSpec([None, *images.shape[1:]], tf.float32),
+        tf.TensorSpec([None, 4, 4], tf.float32)])
     assert fn.get_concrete_function().structured_outputs.shape.as_list() == [None, 4, *y.shape[2:]]
     np.testing.assert_array_equal(fn(images, batched).numpy(), y.numpy())
     with pytest.raises(tf.errors.InvalidArgumentError, match="batch sizes of images and boxes differ"):

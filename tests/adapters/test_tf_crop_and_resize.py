@@ -79,7 +79,8 @@ def test_reference_nearest_equals_tf(seed, op_determinism):
 
 @pytest.mark.parametrize("seed", range(8))
 def test_reference_box_gradient_equals_tf(seed):
-    images, boxes, idx, crop, dy = crop_case(seed, crop_size=[(1, 1), (1, 5), (4, 1), None][seed % 4])
+    crop_size = [(1, 1), (1, 5), (4, 1), None][seed % 4]
+    images, boxes, idx, crop, dy = crop_case(seed, crop_size=crop_size)
     want = tf.raw_ops.CropAndResizeGradBoxes(grads=dy, image=images, boxes=boxes, box_ind=idx)
     got = ref.roi_pool_bilinear_boxes_backward(nchw(dy), nchw(images), xyxy(boxes), idx)
     np.testing.assert_array_equal(got, want.numpy()[:, [1, 0, 3, 2]])
@@ -91,7 +92,8 @@ def test_reference_box_gradient_samples_where_tf_grad_boxes_does():
     and at 15.0 in the box gradient, which then interpolates between rows 15 and 16."""
     H, PH = 21, 10
     y1, y2 = np.float32(0.4633486568927765), np.float32(0.7499999403953552)
-    forward = y1 * np.float32(H - 1) + np.float32(PH - 1) * ((y2 - y1) * np.float32(H - 1) / np.float32(PH - 1))
+    h, step = np.float32(H - 1), (y2 - y1) * np.float32(H - 1) / np.float32(PH - 1)
+    forward = y1 * h + np.float32(PH - 1) * step
     assert forward == np.float32(14.999999)
     rng = np.random.default_rng(1)
     images = rng.standard_normal((1, H, 5, 2)).astype(np.float32)
