@@ -73,14 +73,14 @@ def numpy_path(monkeypatch):
 
 
 @pytest.fixture(params=["native", "numpy_function"])
-def tf_backend(request, monkeypatch):
-    """Run a TensorFlow adapter test twice: on roicore's TensorFlow op library ("native",
-    required in CI, skipped locally when it cannot be built) and on the tf.numpy_function
-    fallback.  Returns the backend's name."""
+def tf_path(request, monkeypatch):
+    """Runs a TensorFlow adapter test on each way roicore.adapters.tf computes: roicore's
+    TensorFlow op library ("native": required in CI) and the tf.numpy_function fallback."""
     from roicore.adapters import tf as rtf
     if request.param == "native":
         if rtf.native_ops() is None:
-            message = "roicore's TensorFlow op library is not available (see its NativeOpsWarning)"
+            message = ("roicore's TensorFlow op library is not available (see its "
+                       "NativeOpsWarning)")
             if REQUIRE:
                 pytest.fail(message)
             pytest.skip(message)

@@ -19,7 +19,7 @@ from tf_cases import (  # noqa: E402
     from_format, make_case, params, to_format)
 
 # every test runs on the native op library and on the tf.numpy_function fallback
-pytestmark = pytest.mark.usefixtures("tf_backend")
+pytestmark = pytest.mark.usefixtures("tf_path")
 
 # ---------------------------------------------------------------------------------------
 # Adapter == core

@@ -122,7 +122,7 @@ def test_reference_box_gradient_matches_finite_differences():
 # ---------------------------------------------------------------------------------------
 # roi_pool(method="bilinear" | "nearest") == crop_and_resize: forward, image and box gradients
 
-@pytest.mark.usefixtures("tf_backend")
+@pytest.mark.usefixtures("tf_path")
 @pytest.mark.parametrize("mode", ["eager", "tf.function"])
 @pytest.mark.parametrize("method", ["bilinear", "nearest"])
 @pytest.mark.parametrize("extrapolation_value", [0.0, -2.5])
@@ -151,7 +151,7 @@ def test_roi_pool_equals_crop_and_resize(crop_size, extrapolation_value, method,
         np.testing.assert_array_equal(db, db_tf)
 
 
-@pytest.mark.usefixtures("tf_backend")
+@pytest.mark.usefixtures("tf_path")
 def test_box_gradient_in_float64_and_with_unwatched_boxes():
     """float64 boxes get a float64 gradient (computed in the images' dtype, float32 here,
     as crop_and_resize computes it); with the boxes unwatched only the images get one."""

@@ -190,7 +190,7 @@ def train(roi, train_boxes, boxes, eager):
     return history, [w.trainable for w in model.weights]
 
 
-@pytest.mark.usefixtures("tf_backend")
+@pytest.mark.usefixtures("tf_path")
 @pytest.mark.parametrize("mode", ["eager", "tf.function"])
 @pytest.mark.parametrize("head", list(HEADS))
 def test_swapping_the_op_gives_the_same_training_run(head, mode):
