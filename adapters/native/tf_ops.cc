@@ -195,6 +195,43 @@ class RoiKernel : public OpKernel {
     return absl::OkStatus();
   }
 
+  // A forward op's images (input 0) and boxes (inputs 1 and 2).
+  Status ReadForward(OpKernelContext* ctx, roicore_tensor* x, Boxes* boxes) const {
+    TF_RETURN_IF_ERROR(Describe(ctx->input(0), "images", "(N, H, W, C)", x));
+    return ReadBoxes(ctx, ctx->input(1), ctx->input(2), x->dtype, x->n, boxes);
+  }
+
+  // A gradient op's upstream gradient (input 0) and the forward's image shape (input 3).
+  Status ReadGradient(OpKernelContext* ctx, roicore_tensor* g, TensorShape* image_shape) const {
+    TF_RETURN_IF_ERROR(Describe(ctx->input(0), "grads", "(K, PH, PW, C)", g));
+    return ImageSize(ctx->input(3), image_shape);
+  }
+
+  // Output `index`, of `shape` in this op's layout, described for the C library.
+  Status Allocate(OpKernelContext* ctx, int index, const TensorShape& shape,
+                  roicore_tensor* out) const {
+    Tensor* t = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(index, shape, &t));
+    return Describe(*t, "output", "", out);
+  }
+
+  // A forward op: its images and boxes read, its (K, C / group, ph, pw) output allocated,
+  // then the C library's `call(x, boxes, out, exec, err)`.
+  template <typename Call>
+  void Forward(OpKernelContext* ctx, int64_t ph, int64_t pw, int64_t group, Call call) const {
+    roicore_tensor x, out;
+    Boxes boxes;
+    OP_REQUIRES_OK(ctx, ReadForward(ctx, &x, &boxes));
+    OP_REQUIRES(ctx, x.c % group == 0,
+                Invalid("images has C=", x.c, " channels, which is not a multiple of the "
+                        "group area ", group));
+    OP_REQUIRES_OK(ctx, Allocate(ctx, 0, Shape4(boxes.view.k, x.c / group, ph, pw), &out));
+    const roicore_exec exec = Exec(ctx);
+    OP_REQUIRES_OK(ctx, Check([&](roicore_error* err) {
+      return call(&x, &boxes.view, &out, &exec, err);
+    }));
+  }
+
   bool nhwc_ = true;
   int n_threads_ = 0;
   std::vector<int64_t> rules_;
@@ -214,15 +251,11 @@ class RoiPoolMaxOp : public RoiKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    roicore_tensor x;
-    OP_REQUIRES_OK(ctx, Describe(ctx->input(0), "images", "(N, H, W, C)", &x));
+    roicore_tensor x, out;
     Boxes boxes;
-    OP_REQUIRES_OK(ctx, ReadBoxes(ctx, ctx->input(1), ctx->input(2), x.dtype, x.n, &boxes));
+    OP_REQUIRES_OK(ctx, ReadForward(ctx, &x, &boxes));
     const TensorShape shape = Shape4(boxes.view.k, x.c, ph_, pw_);
-    Tensor* y = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, shape, &y));
-    roicore_tensor out;
-    OP_REQUIRES_OK(ctx, Describe(*y, "output", "", &out));
+    OP_REQUIRES_OK(ctx, Allocate(ctx, 0, shape, &out));
     // The argmax only when a gradient may need it: asked for, and used downstream (a
     // graph that never differentiates leaves it unused, and it is not computed).
     Tensor* argmax = nullptr;
@@ -257,21 +290,17 @@ class RoiPoolMaxGradOp : public RoiKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    roicore_tensor g;
-    OP_REQUIRES_OK(ctx, Describe(ctx->input(0), "grads", "(K, PH, PW, C)", &g));
+    roicore_tensor g, d;
+    TensorShape image_shape;
+    OP_REQUIRES_OK(ctx, ReadGradient(ctx, &g, &image_shape));
     const Tensor& argmax = ctx->input(1);
     OP_REQUIRES(ctx, argmax.shape() == ctx->input(0).shape(),
                 Invalid("argmax must have the shape of grads, ",
                         ctx->input(0).shape().DebugString(), ", got ",
                         argmax.shape().DebugString()));
-    TensorShape image_shape;
-    OP_REQUIRES_OK(ctx, ImageSize(ctx->input(3), &image_shape));
     Tensor batch;
     OP_REQUIRES_OK(ctx, ReadBatch(ctx, ctx->input(2), g.n, image_shape.dim_size(0), &batch));
-    Tensor* dx = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, image_shape, &dx));
-    roicore_tensor d;
-    OP_REQUIRES_OK(ctx, Describe(*dx, "image_size", "", &d));
+    OP_REQUIRES_OK(ctx, Allocate(ctx, 0, image_shape, &d));
     const roicore_boxes boxes{nullptr, batch.flat<int64_t>().data(), g.n, 0};
     const roicore_exec exec = Exec(ctx);
     OP_REQUIRES_OK(ctx, Check([&](roicore_error* err) {
@@ -284,23 +313,49 @@ class RoiPoolMaxGradOp : public RoiKernel {
   roicore_max_pool_rules rules_c_;
 };
 
+// The image gradient ops of the other operators: (grads, boxes, box_indices, image_size).
+class ImageGradKernel : public RoiKernel {
+ protected:
+  using RoiKernel::RoiKernel;
+
+  // The upstream gradient and the boxes read, the image gradient allocated, then the C
+  // library's `call(g, boxes, d, exec, err)`.
+  template <typename Call>
+  void Backward(OpKernelContext* ctx, Call call) const {
+    roicore_tensor g, d;
+    TensorShape image_shape;
+    Boxes boxes;
+    OP_REQUIRES_OK(ctx, ReadGradient(ctx, &g, &image_shape));
+    OP_REQUIRES_OK(ctx, ReadBoxes(ctx, ctx->input(1), ctx->input(2), g.dtype,
+                                  image_shape.dim_size(0), &boxes));
+    OP_REQUIRES_OK(ctx, Allocate(ctx, 0, image_shape, &d));
+    const roicore_exec exec = Exec(ctx);
+    OP_REQUIRES_OK(ctx, Check([&](roicore_error* err) {
+      return call(&g, &boxes.view, &d, &exec, err);
+    }));
+  }
+};
+
 // ------------------------------------------------------------------------------------
 // crop_and_resize: bilinear and nearest RoI pooling
 
-class CropKernel : public RoiKernel {
+// The crop ops' attributes: the method and the rules.
+template <typename Base>
+class CropKernel : public Base {
  protected:
-  explicit CropKernel(OpKernelConstruction* c) : RoiKernel(c) {
+  explicit CropKernel(OpKernelConstruction* c) : Base(c) {
     std::string method;
     OP_REQUIRES_OK(c, c->GetAttr("method", &method));
     nearest_ = method == "nearest";
-    OP_REQUIRES_OK(c, DecodeRules(rules_, roicore_bilinear_pool_rules_from_array, &rules_c_));
+    OP_REQUIRES_OK(c, DecodeRules(this->rules_, roicore_bilinear_pool_rules_from_array,
+                                  &rules_c_));
   }
 
   bool nearest_ = false;
   roicore_bilinear_pool_rules rules_c_;
 };
 
-class CropAndResizeOp : public CropKernel {
+class CropAndResizeOp : public CropKernel<RoiKernel> {
  public:
   explicit CropAndResizeOp(OpKernelConstruction* c) : CropKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("crop_height", &ph_));
@@ -309,26 +364,11 @@ class CropAndResizeOp : public CropKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    roicore_tensor x;
-    OP_REQUIRES_OK(ctx, Describe(ctx->input(0), "images", "(N, H, W, C)", &x));
-    Boxes boxes;
-    OP_REQUIRES_OK(ctx, ReadBoxes(ctx, ctx->input(1), ctx->input(2), x.dtype, x.n, &boxes));
-    Tensor* y = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, Shape4(boxes.view.k, x.c, ph_, pw_), &y));
-    roicore_tensor out;
-    OP_REQUIRES_OK(ctx, Describe(*y, "output", "", &out));
-    const roicore_exec exec = Exec(ctx);
-    if (nearest_) {
-      OP_REQUIRES_OK(ctx, Check([&](roicore_error* err) {
-        return roicore_roi_pool_nearest_forward(&rules_c_, &x, &boxes.view,
-                                                extrapolation_value_, &out, &exec, err);
-      }));
-    } else {
-      OP_REQUIRES_OK(ctx, Check([&](roicore_error* err) {
-        return roicore_roi_pool_bilinear_forward(&rules_c_, &x, &boxes.view,
-                                                 extrapolation_value_, &out, &exec, err);
-      }));
-    }
+    const auto forward = nearest_ ? roicore_roi_pool_nearest_forward
+                                  : roicore_roi_pool_bilinear_forward;
+    Forward(ctx, ph_, pw_, 1, [&](auto x, auto boxes, auto out, auto exec, auto err) {
+      return forward(&rules_c_, x, boxes, extrapolation_value_, out, exec, err);
+    });
   }
 
  private:
@@ -336,36 +376,20 @@ class CropAndResizeOp : public CropKernel {
   float extrapolation_value_ = 0;
 };
 
-class CropAndResizeGradImageOp : public CropKernel {
+class CropAndResizeGradImageOp : public CropKernel<ImageGradKernel> {
  public:
   explicit CropAndResizeGradImageOp(OpKernelConstruction* c) : CropKernel(c) {}
 
   void Compute(OpKernelContext* ctx) override {
-    roicore_tensor g;
-    OP_REQUIRES_OK(ctx, Describe(ctx->input(0), "grads", "(K, PH, PW, C)", &g));
-    TensorShape image_shape;
-    OP_REQUIRES_OK(ctx, ImageSize(ctx->input(3), &image_shape));
-    Boxes boxes;
-    OP_REQUIRES_OK(ctx, ReadBoxes(ctx, ctx->input(1), ctx->input(2), g.dtype,
-                                  image_shape.dim_size(0), &boxes));
-    Tensor* dx = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, image_shape, &dx));
-    roicore_tensor d;
-    OP_REQUIRES_OK(ctx, Describe(*dx, "image_size", "", &d));
-    const roicore_exec exec = Exec(ctx);
-    if (nearest_) {
-      OP_REQUIRES_OK(ctx, Check([&](roicore_error* err) {
-        return roicore_roi_pool_nearest_backward(&rules_c_, &g, &boxes.view, &d, &exec, err);
-      }));
-    } else {
-      OP_REQUIRES_OK(ctx, Check([&](roicore_error* err) {
-        return roicore_roi_pool_bilinear_backward(&rules_c_, &g, &boxes.view, &d, &exec, err);
-      }));
-    }
+    const auto backward = nearest_ ? roicore_roi_pool_nearest_backward
+                                   : roicore_roi_pool_bilinear_backward;
+    Backward(ctx, [&](auto g, auto boxes, auto d, auto exec, auto err) {
+      return backward(&rules_c_, g, boxes, d, exec, err);
+    });
   }
 };
 
-class CropAndResizeGradBoxesOp : public CropKernel {
+class CropAndResizeGradBoxesOp : public CropKernel<RoiKernel> {
  public:
   explicit CropAndResizeGradBoxesOp(OpKernelConstruction* c) : CropKernel(c) {}
 
@@ -399,13 +423,15 @@ class CropAndResizeGradBoxesOp : public CropKernel {
 // ------------------------------------------------------------------------------------
 // Position-sensitive RoI average pooling
 
-class PsroiPoolKernel : public RoiKernel {
+template <typename Base>
+class PsroiPoolKernel : public Base {
  protected:
-  explicit PsroiPoolKernel(OpKernelConstruction* c) : RoiKernel(c) {
+  explicit PsroiPoolKernel(OpKernelConstruction* c) : Base(c) {
     OP_REQUIRES_OK(c, c->GetAttr("group_height", &gh_));
     OP_REQUIRES_OK(c, c->GetAttr("group_width", &gw_));
     OP_REQUIRES_OK(c, c->GetAttr("spatial_scale", &spatial_scale_));
-    OP_REQUIRES_OK(c, DecodeRules(rules_, roicore_psroi_pool_rules_from_array, &rules_c_));
+    OP_REQUIRES_OK(c, DecodeRules(this->rules_, roicore_psroi_pool_rules_from_array,
+                                  &rules_c_));
   }
 
   int gh_ = 1, gw_ = 1;
@@ -413,7 +439,7 @@ class PsroiPoolKernel : public RoiKernel {
   roicore_psroi_pool_rules rules_c_;
 };
 
-class PsroiPoolOp : public PsroiPoolKernel {
+class PsroiPoolOp : public PsroiPoolKernel<RoiKernel> {
  public:
   explicit PsroiPoolOp(OpKernelConstruction* c) : PsroiPoolKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("pooled_height", &ph_));
@@ -421,65 +447,41 @@ class PsroiPoolOp : public PsroiPoolKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    roicore_tensor x;
-    OP_REQUIRES_OK(ctx, Describe(ctx->input(0), "images", "(N, H, W, C)", &x));
-    const int64_t group = static_cast<int64_t>(gh_) * gw_;
-    OP_REQUIRES(ctx, x.c % group == 0,
-                Invalid("images has C=", x.c, " channels, which is not a "
-                        "multiple of the group area ", gh_, "x", gw_, "=",
-                        group));
-    Boxes boxes;
-    OP_REQUIRES_OK(ctx, ReadBoxes(ctx, ctx->input(1), ctx->input(2), x.dtype, x.n, &boxes));
-    Tensor* y = nullptr;
-    OP_REQUIRES_OK(ctx,
-                   ctx->allocate_output(0, Shape4(boxes.view.k, x.c / group, ph_, pw_), &y));
-    roicore_tensor out;
-    OP_REQUIRES_OK(ctx, Describe(*y, "output", "", &out));
-    const roicore_exec exec = Exec(ctx);
-    OP_REQUIRES_OK(ctx, Check([&](roicore_error* err) {
-      return roicore_psroi_pool_forward(&rules_c_, &x, &boxes.view, spatial_scale_, gh_, gw_,
-                                        &out, &exec, err);
-    }));
+    Forward(ctx, ph_, pw_, static_cast<int64_t>(gh_) * gw_,
+            [&](auto x, auto boxes, auto out, auto exec, auto err) {
+              return roicore_psroi_pool_forward(&rules_c_, x, boxes, spatial_scale_, gh_, gw_,
+                                                out, exec, err);
+            });
   }
 
  private:
   int ph_ = 1, pw_ = 1;
 };
 
-class PsroiPoolGradOp : public PsroiPoolKernel {
+class PsroiPoolGradOp : public PsroiPoolKernel<ImageGradKernel> {
  public:
   explicit PsroiPoolGradOp(OpKernelConstruction* c) : PsroiPoolKernel(c) {}
 
   void Compute(OpKernelContext* ctx) override {
-    roicore_tensor g;
-    OP_REQUIRES_OK(ctx, Describe(ctx->input(0), "grads", "(K, PH, PW, D)", &g));
-    TensorShape image_shape;
-    OP_REQUIRES_OK(ctx, ImageSize(ctx->input(3), &image_shape));
-    Boxes boxes;
-    OP_REQUIRES_OK(ctx, ReadBoxes(ctx, ctx->input(1), ctx->input(2), g.dtype,
-                                  image_shape.dim_size(0), &boxes));
-    Tensor* dx = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, image_shape, &dx));
-    roicore_tensor d;
-    OP_REQUIRES_OK(ctx, Describe(*dx, "image_size", "", &d));
-    const roicore_exec exec = Exec(ctx);
-    OP_REQUIRES_OK(ctx, Check([&](roicore_error* err) {
-      return roicore_psroi_pool_backward(&rules_c_, &g, &boxes.view, spatial_scale_, gh_, gw_,
-                                         &d, &exec, err);
-    }));
+    Backward(ctx, [&](auto g, auto boxes, auto d, auto exec, auto err) {
+      return roicore_psroi_pool_backward(&rules_c_, g, boxes, spatial_scale_, gh_, gw_, d,
+                                         exec, err);
+    });
   }
 };
 
 // ------------------------------------------------------------------------------------
 // RoIAlign
 
-class RoiAlignKernel : public RoiKernel {
+template <typename Base>
+class RoiAlignKernel : public Base {
  protected:
-  explicit RoiAlignKernel(OpKernelConstruction* c) : RoiKernel(c) {
+  explicit RoiAlignKernel(OpKernelConstruction* c) : Base(c) {
     OP_REQUIRES_OK(c, c->GetAttr("spatial_scale", &spatial_scale_));
     OP_REQUIRES_OK(c, c->GetAttr("sampling_ratio", &sampling_ratio_));
     OP_REQUIRES_OK(c, c->GetAttr("aligned", &aligned_));
-    OP_REQUIRES_OK(c, DecodeRules(rules_, roicore_roi_align_rules_from_array, &rules_c_));
+    OP_REQUIRES_OK(c, DecodeRules(this->rules_, roicore_roi_align_rules_from_array,
+                                  &rules_c_));
   }
 
   float spatial_scale_ = 1;
@@ -488,7 +490,7 @@ class RoiAlignKernel : public RoiKernel {
   roicore_roi_align_rules rules_c_;
 };
 
-class RoiAlignOp : public RoiAlignKernel {
+class RoiAlignOp : public RoiAlignKernel<RoiKernel> {
  public:
   explicit RoiAlignOp(OpKernelConstruction* c) : RoiAlignKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("pooled_height", &ph_));
@@ -496,46 +498,25 @@ class RoiAlignOp : public RoiAlignKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    roicore_tensor x;
-    OP_REQUIRES_OK(ctx, Describe(ctx->input(0), "images", "(N, H, W, C)", &x));
-    Boxes boxes;
-    OP_REQUIRES_OK(ctx, ReadBoxes(ctx, ctx->input(1), ctx->input(2), x.dtype, x.n, &boxes));
-    Tensor* y = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, Shape4(boxes.view.k, x.c, ph_, pw_), &y));
-    roicore_tensor out;
-    OP_REQUIRES_OK(ctx, Describe(*y, "output", "", &out));
-    const roicore_exec exec = Exec(ctx);
-    OP_REQUIRES_OK(ctx, Check([&](roicore_error* err) {
-      return roicore_roi_align_forward(&rules_c_, &x, &boxes.view, spatial_scale_,
-                                       sampling_ratio_, aligned_, &out, &exec, err);
-    }));
+    Forward(ctx, ph_, pw_, 1, [&](auto x, auto boxes, auto out, auto exec, auto err) {
+      return roicore_roi_align_forward(&rules_c_, x, boxes, spatial_scale_, sampling_ratio_,
+                                       aligned_, out, exec, err);
+    });
   }
 
  private:
   int ph_ = 1, pw_ = 1;
 };
 
-class RoiAlignGradOp : public RoiAlignKernel {
+class RoiAlignGradOp : public RoiAlignKernel<ImageGradKernel> {
  public:
   explicit RoiAlignGradOp(OpKernelConstruction* c) : RoiAlignKernel(c) {}
 
   void Compute(OpKernelContext* ctx) override {
-    roicore_tensor g;
-    OP_REQUIRES_OK(ctx, Describe(ctx->input(0), "grads", "(K, PH, PW, C)", &g));
-    TensorShape image_shape;
-    OP_REQUIRES_OK(ctx, ImageSize(ctx->input(3), &image_shape));
-    Boxes boxes;
-    OP_REQUIRES_OK(ctx, ReadBoxes(ctx, ctx->input(1), ctx->input(2), g.dtype,
-                                  image_shape.dim_size(0), &boxes));
-    Tensor* dx = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, image_shape, &dx));
-    roicore_tensor d;
-    OP_REQUIRES_OK(ctx, Describe(*dx, "image_size", "", &d));
-    const roicore_exec exec = Exec(ctx);
-    OP_REQUIRES_OK(ctx, Check([&](roicore_error* err) {
-      return roicore_roi_align_backward(&rules_c_, &g, &boxes.view, spatial_scale_,
-                                        sampling_ratio_, aligned_, &d, &exec, err);
-    }));
+    Backward(ctx, [&](auto g, auto boxes, auto d, auto exec, auto err) {
+      return roicore_roi_align_backward(&rules_c_, g, boxes, spatial_scale_, sampling_ratio_,
+                                        aligned_, d, exec, err);
+    });
   }
 };
 

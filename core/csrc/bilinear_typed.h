@@ -26,6 +26,7 @@ typedef struct {
     const T *ys, *xs;  /* sample rows (K, PH) and columns (K, PW) */
     int64_t H, W, PH, PW;
     int fused;
+    int nearest;  /* the pixel at round() of the sample (crop_and_resize "nearest") */
     T fill;
 } CROP_OP;
 
@@ -59,6 +60,12 @@ ROICORE_CLONES static void TYPED(crop_task)(const void *opv, FWD_TASK *t) {
                 for (int64_t q = 0; q < nv; ++q) out[q] = (VT){0} + op->fill;
                 continue;
             }
+            if (op->nearest) {  /* C round: halves away from zero, as TF's roundf */
+                const int64_t row = (int64_t)round(y), col = (int64_t)round(x);
+                const VTu *a = (const VTu *)(t->img + (row * W + col) * lanes);
+                for (int64_t q = 0; q < nv; ++q) out[q] = a[q];
+                continue;
+            }
             const int64_t top = (int64_t)floor(y), bottom = (int64_t)ceil(y);
             const int64_t left = (int64_t)floor(x), right = (int64_t)ceil(x);
             const T ly = y - (T)top, lx = x - (T)left;
@@ -76,56 +83,9 @@ ROICORE_CLONES static void TYPED(crop_task)(const void *opv, FWD_TASK *t) {
     roicore_pending_finish_all(t->pend, t->npend);
 }
 
-/* Nearest-neighbour sampling (crop_and_resize method "nearest"): the pixel at C round() of
- * the sample's row and column (halves away from zero, as TF's roundf). */
-ROICORE_CLONES static void TYPED(nearest_task)(const void *opv, FWD_TASK *t) {
-    typedef VT VTu __attribute__((aligned(sizeof(T))));
-    const CROP_OP *op = (const CROP_OP *)opv;
-    const int64_t PW = op->PW, W = op->W, lanes = t->lanes, nv = lanes / LANES;
-    for (int64_t ph = t->p0 / PW; ph <= (t->p1 - 1) / PW; ++ph) {
-        roicore_pending_step_all(t->pend, t->npend);
-        if (roicore_stopping(t->run)) break;
-        int64_t pw0, pw1;
-        roicore_task_row(t->p0, t->p1, PW, ph, &pw0, &pw1);
-        const T y = op->ys[t->k * op->PH + ph];
-        for (int64_t pw = pw0; pw < pw1; ++pw) {
-            VTu *out = (VTu *)(t->acc + (ph * PW + pw - t->p0) * lanes);
-            const T x = op->xs[t->k * PW + pw];
-            if (!TYPED(inside)(y, op->H) || !TYPED(inside)(x, W)) {
-                for (int64_t q = 0; q < nv; ++q) out[q] = (VT){0} + op->fill;
-                continue;
-            }
-            const int64_t row = (int64_t)round(y), col = (int64_t)round(x);
-            const VTu *a = (const VTu *)(t->img + (row * W + col) * lanes);
-            for (int64_t q = 0; q < nv; ++q) out[q] = a[q];
-        }
-    }
-    roicore_pending_finish_all(t->pend, t->npend);
-}
-
-/* Its adjoint (TF CropAndResizeGradImage, method "nearest"): each sample on the map adds its
- * gradient to its pixel, in (ph, pw) order. */
-ROICORE_CLONES static void TYPED(nearest_grad_task)(const void *opv, BWD_TASK *t) {
-    typedef VT VTu __attribute__((aligned(sizeof(T))));
-    const CROP_OP *op = (const CROP_OP *)opv;
-    const int64_t PW = op->PW, W = op->W, lanes = t->lanes, nv = lanes / LANES;
-    for (int64_t ph = 0; ph < op->PH; ++ph) {
-        const T y = op->ys[t->k * op->PH + ph];
-        if (!TYPED(inside)(y, op->H)) continue;
-        const int64_t row = (int64_t)round(y);
-        for (int64_t pw = 0; pw < PW; ++pw) {
-            const T x = op->xs[t->k * PW + pw];
-            if (!TYPED(inside)(x, W)) continue;
-            const VTu *g = (const VTu *)(t->g + (ph * PW + pw) * lanes);
-            VTu *a = (VTu *)(t->img + (row * W + (int64_t)round(x)) * lanes);
-            for (int64_t q = 0; q < nv; ++q) a[q] = a[q] + g[q];
-        }
-    }
-}
-
 /* The adjoint in TF CropAndResizeGradImage's arithmetic and order: per sample on the map,
  * (1-ly)*g to the top row and ly*g to the bottom one, each split (1-lx) / lx between the
- * left and right pixels, in that order. */
+ * left and right pixels, in that order; with nearest, all of g to the sample's pixel. */
 ROICORE_CLONES static void TYPED(crop_grad_task)(const void *opv, BWD_TASK *t) {
     typedef VT VTu __attribute__((aligned(sizeof(T))));
     const CROP_OP *op = (const CROP_OP *)opv;
@@ -140,9 +100,15 @@ ROICORE_CLONES static void TYPED(crop_grad_task)(const void *opv, BWD_TASK *t) {
         for (int64_t pw = pw0; pw < pw1; ++pw) {
             const T x = op->xs[t->k * PW + pw];
             if (!TYPED(inside)(x, W)) continue;
+            const VTu *g = (const VTu *)(t->g + (ph * PW + pw - t->p0) * lanes);
+            if (op->nearest) {
+                const int64_t row = (int64_t)round(y), col = (int64_t)round(x);
+                VTu *a = (VTu *)(t->img + (row * W + col) * lanes);
+                for (int64_t q = 0; q < nv; ++q) a[q] = a[q] + g[q];
+                continue;
+            }
             const int64_t left = (int64_t)floor(x), right = (int64_t)ceil(x);
             const T lx = x - (T)left;
-            const VTu *g = (const VTu *)(t->g + (ph * PW + pw - t->p0) * lanes);
             VTu *a = (VTu *)(t->img + (top * W + left) * lanes);
             VTu *b = (VTu *)(t->img + (top * W + right) * lanes);
             VTu *c = (VTu *)(t->img + (bottom * W + left) * lanes);
@@ -176,15 +142,14 @@ static int TYPED(crop_run)(int forward, int nearest, const roicore_bilinear_pool
         for (int64_t p = 0; p < PW; ++p)
             xs[k * PW + p] = TYPED(crop_coord)(c[4 * k + 0], c[4 * k + 2], map->w, PW, p, rules->pin_last);
     }
-    const CROP_OP op = {ys, xs, map->h, map->w, PH, PW, rules->fused_lerp, (T)fill};
+    const CROP_OP op = {ys, xs, map->h, map->w, PH, PW, rules->fused_lerp, nearest, (T)fill};
     int rc;
     if (forward) {
         const FWD_JOB job = {map, pooled, boxes->batch, NULL, ROICORE_INT32, 0, &op,
-                             nearest ? TYPED(nearest_task) : TYPED(crop_task)};
+                             TYPED(crop_task)};
         rc = ROICORE_CAT(roicore_blocked_forward, SFX)(&job, run, err);
     } else {
-        const BWD_JOB job = {pooled, map, boxes->batch, &op,
-                             nearest ? TYPED(nearest_grad_task) : TYPED(crop_grad_task)};
+        const BWD_JOB job = {pooled, map, boxes->batch, &op, TYPED(crop_grad_task)};
         rc = ROICORE_CAT(roicore_blocked_backward, SFX)(&job, run, err);
     }
     roicore_scratch_free(tables);
