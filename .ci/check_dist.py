@@ -14,7 +14,8 @@ def main(wheel, sdist):
     assert any(n.startswith("roicore/cli/_bandwidth") and n.endswith(".so") for n in names), names
     for needed in ("roicore/core/ops.py", "roicore/adapters/__init__.py",
                    "roicore/cli/frameworks/__init__.py", "roicore/core/include/roicore.h",
-                   "roicore/core/lib/libroicore.a", "roicore/adapters/native/build.py"):
+                   "roicore/core/lib/libroicore.a", "roicore/adapters/native/build.py",
+                   "roicore/adapters/native/tf_ops.cc"):
         assert needed in names, f"wheel lacks {needed}"
     leaked = [n for n in names if n.endswith((".pyx", ".pxd", ".pxi", ".c", ".h"))
               and n != "roicore/core/include/roicore.h"

@@ -6,98 +6,106 @@ TensorFlow has no native RoI pooling, so these ops follow the TF op that is clos
 * ``images`` is a 4-D float16/float32/float64 tensor, **NHWC** by default (TF's layout);
   ``data_format="NCHW"`` takes and returns channels-first tensors.
 * ``boxes`` is a ``(K, 4)`` float tensor with rows **[y1, x1, y2, x2]** (TF's column order),
-  and ``box_indices`` a ``(K,)`` int32/int64 tensor giving the image of each box.
+  and ``box_indices`` a ``(K,)`` int32/int64 tensor giving the image of each box.  The
+  Keras layers also take batched ``(B, R, 4)`` boxes without box indices.
 * Coordinates are **absolute input-image pixels** (scaled onto the feature map by
-  ``spatial_scale``) for ``roi_pool(method="max")``, ``psroi_pool`` and ``roi_align``; only
-  ``roi_pool(method="bilinear")`` takes crop_and_resize's normalised boxes.
+  ``spatial_scale``) for ``roi_pool(method="max")``, ``psroi_pool`` and ``roi_align``; the
+  crop methods, ``roi_pool(method="bilinear" | "nearest")``, take crop_and_resize's
+  normalised boxes (and its ``crop_size`` argument).
 * Outputs are ``(K, PH, PW, C)`` for NHWC and ``(K, C, PH, PW)`` for NCHW, in the dtype of
-  ``images``.
+  ``images`` (float16 is computed in float32).
 
 Arithmetic (the roicore convention each op reproduces bit for bit; see
 :mod:`roicore.core.conventions`):
 
 * ``roi_pool(method="max")``: ``"mxnet"`` (Fast R-CNN integer RoI, spatial_scale held as a
-  C float, as a TF ``float`` attribute would hold it).  The argmax kept for the gradient is
+  C float, as a TF ``float`` attribute holds it).  The argmax kept for the gradient is
   stored per plane (``h*W + w``, int32) instead of MXNet's global index, which changes no
   output value and keeps int32 for any batch size.
-* ``roi_pool(method="bilinear")``: ``"tensorflow"``, i.e. ``tf.image.crop_and_resize``'s
-  sampling and ``CropAndResizeGradImage``'s gradient (equal bit for bit for float32).
+* ``roi_pool(method="bilinear" | "nearest")``: ``"tensorflow"``, i.e.
+  ``tf.image.crop_and_resize``'s sampling, ``CropAndResizeGradImage``'s gradient and
+  ``CropAndResizeGradBoxes``' gradient of the boxes (equal bit for bit for float32).
 * ``psroi_pool``: ``"mxnet"`` (identical numbers to ``"paddle"``).
 * ``roi_align``: ``"mxnet"`` (the Caffe2 sampler, spatial_scale held as a C float).
 
-This module does no arithmetic of its own: it checks arguments, transposes NHWC <-> NCHW
-(``tf.transpose``, one copy of the input in the forward pass and one of the output, and the
-same for the gradient; NCHW input avoids both), swaps the box columns to roicore's
-``[x1, y1, x2, y2]`` (a K x 4 copy) and calls :mod:`roicore.core`.  Gradients flow to
-``images`` only (``tf.custom_gradient``); boxes and box_indices get none.
+Gradients flow to ``images`` and, for the crop methods, to ``boxes``; ``box_indices`` get
+none.  This module does no arithmetic of its own.
 
-How the core is called, and what it costs:
+How the ops run
+---------------
+roicore's **TensorFlow op library** (``roicore.adapters.native``: registered ops with CPU
+kernels on roicore's C library, for every op and its gradient) is compiled against the
+installed TensorFlow the first time an op is called (once per TensorFlow version; see
+:mod:`roicore.adapters.native.tf`) and used in every mode: eagerly, in
+``tf.function``, in Keras ``fit``/``predict``, and in SavedModels (``tf.saved_model.save``,
+Keras ``Model.export``), which then hold only these ops and TF's own.  The ops take either
+layout as it is (no transposes) and give static output shapes.  Their gradients are
+registered with ``tf.RegisterGradient`` and saved with a SavedModel (as custom
+gradients), so a model reloaded where only the op library is loaded still
+differentiates.  Eagerly, when no ``GradientTape`` records the inputs, the forward op
+runs alone and ``roi_pool(method="max")`` computes no argmax; in a graph the argmax is
+computed only when a gradient uses it, and a Keras :class:`RoIPool` called with
+``training=False`` (``predict``/``evaluate``) asks for none.
 
-* Eagerly, on CPU tensors: directly, on NumPy views of the tensors (``np.asarray``, no
-  copy), and the results become tensors through DLPack (no copy; TF needs them 64-byte
-  aligned, so the gradient of ``images``, which roicore.core allocates, is copied once).
-  When no
-  ``GradientTape`` records the images, no gradient can be asked for, so
-  ``roi_pool(method="max")`` computes no argmax.  (``tf.numpy_function`` would copy the
-  inputs and the outputs in eager mode.)
-* In a graph (``tf.function``, Keras ``fit``/``predict``) and for tensors on other devices:
-  through ``tf.numpy_function``, which hands the inputs over without a copy and keeps the
-  outputs without a copy too, as the results are allocated 64-byte aligned (the gradient
-  of ``images`` and the argmax, allocated by roicore.core, are copied once).
-  ``roi_pool(method="max")`` computes its argmax here: the same traced graph serves
-  inference and, when a tape watches the call, training, so whether a gradient will be
-  asked for is not known when the op is built.  The exception is the :class:`RoIPool`
-  layer called with ``training=False`` (Keras ``predict``/``evaluate``): its forward pass
-  computes no argmax, and a gradient asked for all the same recomputes it.
+Deploying a SavedModel: ship the library file (``python -m roicore.adapters.native.tf``
+prints its path) and load it before the model: ``tf.load_op_library(path)`` in Python,
+``TF_LoadLibrary(path, status)`` from TensorFlow's C API in C and C++ programs; roicore
+itself is not needed there.  TF Serving links custom ops into its model server when the
+server is built, from the op source (``roicore/adapters/native/tf_ops.cc``) and roicore's
+static C library (``roicore.core.get_library_dir()``).
 
-Supported: eager execution, ``tf.function`` (static output shapes are set), Keras 3
-layers (:class:`RoIPool`, :class:`PSRoIPool`, :class:`RoIAlign`, serialisable through
-``get_config``), ``tf.distribute`` strategies on CPU devices.  **Not supported**, with a
-``NotImplementedError`` raised while tracing: XLA (``tf.function(jit_compile=True)``,
-Keras ``jit_compile=True``), because XLA cannot compile ``tf.numpy_function``; and SavedModel
-export (``tf.saved_model.save``, Keras ``model.export``), because a SavedModel cannot hold
-the Python function the op calls.  The Keras layers set ``supports_jit = False``, so Keras'
-default ``jit_compile="auto"`` leaves XLA off.  Keras ``.keras`` files (config + weights)
-work.
+When the library cannot be built (no C++ compiler, a failed compile) or
+``ROICORE_TF_NATIVE=0`` is set, the ops run through a **tf.numpy_function fallback**
+(:mod:`roicore.adapters._tf_numpy`), with a :class:`NativeOpsWarning` saying why: eager,
+``tf.function`` and Keras work with the same numbers, SavedModel export raises a clear
+``NotImplementedError``.
+
+Errors: arguments are checked when the op is built (``TypeError``/``ValueError``); values
+inside the tensors (a box index outside the batch, a non-finite box) raise
+``tf.errors.InvalidArgumentError`` with roicore's message, eagerly and in graphs alike.
+**XLA** (``tf.function(jit_compile=True)``, Keras ``jit_compile=True``) is refused with a
+``NotImplementedError`` while tracing: the ops have no XLA lowering.  The Keras layers set
+``supports_jit = False``, so Keras' default ``jit_compile="auto"`` leaves XLA off.
+
+Tensors on an accelerator are copied to the host and the result back, with a
+``DeviceCopyWarning`` once per device (``roicore.adapters.set_device_policy("error")``
+refuses them instead).  ``tf.distribute`` strategies on CPU devices work.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import numbers
+import os
+import warnings
 
 import numpy as np
 
 from roicore import core
-from roicore.core import conventions
-from roicore.core._memory import ALIGNMENT
+from roicore.core import _binding, _validate, conventions
+from roicore.core.ops import _psroi_setup
 
+from . import _tf_common, _tf_numpy
 from ._common import require
+from ._tf_common import back_to, on_host
 
 tf = require("tensorflow", "tf")
 keras = require("keras", "tf")  # Keras 3, a dependency of TF >= 2.16
 
-try:  # private TF modules: used only to refuse unsupported contexts with a clear message
+try:  # private TF module: used only to refuse XLA with a clear message
     from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext as _in_xla
 except ImportError:  # pragma: no cover - older/newer TF layouts
     _in_xla = None
-try:
-    from tensorflow.python.saved_model.save_context import in_save_context as _in_save
-except ImportError:  # pragma: no cover
-    _in_save = None
-try:  # private: whether an eager GradientTape records a tensor (else: always assume one does)
-    from tensorflow.python.eager import record as _record
-except ImportError:  # pragma: no cover
-    _record = None
 
 __all__ = ["roi_pool", "psroi_pool", "roi_align", "RoIPool", "PSRoIPool", "RoIAlign",
-           "CONVENTIONS"]
+           "CONVENTIONS", "native_ops", "NativeOpsWarning"]
 
 # The roicore convention each op reproduces (see the module docstring).
 _MAX_RULES = dataclasses.replace(conventions.MAX_POOL["mxnet"], argmax="plane")
 CONVENTIONS = {
     "roi_pool/max": _MAX_RULES,
     "roi_pool/bilinear": conventions.BILINEAR_POOL["tensorflow"],
+    "roi_pool/nearest": conventions.BILINEAR_POOL["tensorflow"],
     "psroi_pool": conventions.PSROI_POOL["mxnet"],
     "roi_align": conventions.ROI_ALIGN["mxnet"],
 }
@@ -153,167 +161,92 @@ def _boxes(boxes, box_indices):
     return b, i
 
 
-def _refuse_unsupported(op):
-    if tf.executing_eagerly():  # XLA compilation and SavedModel export both trace graphs
-        return
-    graph = tf.compat.v1.get_default_graph()
-    if _in_xla is not None and _in_xla(graph):
+def _refuse_xla(op):
+    if not tf.executing_eagerly() and _in_xla is not None and _in_xla(
+            tf.compat.v1.get_default_graph()):
         raise NotImplementedError(
             f"roicore.adapters.tf.{op} cannot be compiled with XLA (tf.function(jit_compile=True) "
-            "or Keras jit_compile=True): it runs roicore's kernels through tf.numpy_function, "
-            "which XLA does not support. Call it from a function with jit_compile=False.")
-    if _in_save is not None and _in_save():
-        raise NotImplementedError(
-            f"roicore.adapters.tf.{op} cannot be exported to a SavedModel (tf.saved_model.save, "
-            "Keras Model.export): it runs roicore's kernels through tf.numpy_function, whose "
-            "Python code a SavedModel cannot hold. Save Keras models as .keras files instead.")
+            "or Keras jit_compile=True): roicore's TensorFlow ops have CPU kernels and no XLA "
+            "lowering. Call it from a function with jit_compile=False.")
 
 
 # ---------------------------------------------------------------------------------------
-# Run-time checks and layout (inside tf.numpy_function, on NumPy arrays)
+# Running an op: the native op library, else the tf.numpy_function fallback
 
-def _xyxy(boxes, box_indices, n_images):
-    """Check boxes/box_indices against the batch and swap [y1, x1, y2, x2] to [x1, y1, x2, y2]."""
-    b, i = np.asarray(boxes), np.asarray(box_indices)
-    if b.ndim != 2 or b.shape[1] != 4:
-        raise ValueError(f"boxes must have shape (K, 4) [y1, x1, y2, x2], got {b.shape}")
-    if i.shape != (b.shape[0],):
-        raise ValueError(f"box_indices must have shape ({b.shape[0]},), one image index per "
-                         f"box, got {i.shape}")
-    if i.size and (i.min() < 0 or i.max() >= n_images):  # two reductions, then the culprit
-        k = int(np.flatnonzero((i < 0) | (i >= n_images))[0])
-        raise ValueError(f"box_indices[{k}] = {int(i[k])} is outside [0, batch_size) for images "
-                         f"with batch_size={n_images}")
-    return b[:, [1, 0, 3, 2]], i
+class NativeOpsWarning(RuntimeWarning):
+    """roicore's TensorFlow op library is not available; the tf.numpy_function fallback runs."""
 
 
-_HOST_DEVICE = []
+_LIBRARY = {}
 
 
-def _host_device():
-    """The device of tensors made from NumPy arrays through DLPack."""
-    if not _HOST_DEVICE:
-        _HOST_DEVICE.append(tf.experimental.dlpack.from_dlpack(
-            np.zeros(1, np.float32).__dlpack__()).device)
-    return _HOST_DEVICE[0]
+def native_ops():
+    """roicore's TensorFlow op library (the module ``tf.load_op_library`` returns), built
+    and loaded at the first call; None when the ops run through the ``tf.numpy_function``
+    fallback instead, because ``ROICORE_TF_NATIVE=0`` asks for it or the library could not
+    be built or loaded (a :class:`NativeOpsWarning` then says why, once)."""
+    if "library" not in _LIBRARY:
+        library = None
+        if os.environ.get("ROICORE_TF_NATIVE", "").strip() != "0":
+            try:
+                from .native import tf as native_tf
+                library = native_tf.load()
+            except Exception as exc:  # no compiler, a failed build or load: say why, go on
+                warnings.warn(
+                    "roicore.adapters.tf runs its ops through tf.numpy_function: its TensorFlow "
+                    f"op library is not available ({type(exc).__name__}: {exc}). Eager mode, "
+                    "tf.function and Keras work; SavedModel export does not.",
+                    NativeOpsWarning, stacklevel=3)
+        _LIBRARY["library"] = library
+    return _LIBRARY["library"]
 
 
-def _eager_on_host(*tensors):
-    return tf.executing_eagerly() and all(t.device == _host_device() for t in tensors)
+@dataclasses.dataclass(frozen=True)
+class _Native:
+    """An op as the native library runs it: its op type and attributes (besides
+    data_format and n_threads), and whether the boxes get a gradient."""
+    op_type: str
+    attrs: dict
+    boxes_differentiable: bool = False
 
 
-def _to_tensor(a):
-    """An eager tensor sharing NumPy array ``a``'s memory (DLPack) when it is 64-byte
-    aligned, else a copy.  TF's from_dlpack accepts unaligned memory, but its kernels then
-    abort the process (``Check failed: IsAligned()``).  roicore.core's outputs are aligned
-    (its ALIGNMENT is TF's EIGEN_MAX_ALIGN_BYTES); float16 results may not be."""
-    if (a.size and a.flags.c_contiguous and a.flags.writeable
-            and a.__array_interface__["data"][0] % ALIGNMENT == 0):  # (.ctypes is slower)
-        return tf.experimental.dlpack.from_dlpack(a.__dlpack__())
-    return tf.convert_to_tensor(a)
-
-
-def _may_need_gradient(x):
-    """Whether a GradientTape records eager tensor ``x`` (so a gradient may be asked for)."""
-    if _record is None:  # pragma: no cover - TF layout without the private module
-        return True
-    return _record.could_possibly_record() and _record.should_record_backprop([x])
-
-
-def _apply(op, name, images, boxes, box_indices, data_format, out_hw, out_channels, forward,
-           backward, with_argmax=False, graph_argmax=True):
-    """images (any format) -> NCHW -> core forward/backward -> format.
-
-    ``forward(x, boxes, box_indices, argmax)`` runs on NumPy arrays and returns y, or
-    (y, argmax) when asked for one (ops ``with_argmax``); ``backward(dy, boxes,
-    box_indices, x_shape, *saved)`` returns dx.  ``graph_argmax=False`` (a Keras layer
-    called with ``training=False``): in a graph the forward pass computes no argmax, and a
-    gradient, should one be asked for all the same, recomputes it.
-    """
-    _refuse_unsupported(op)
+def _apply(op, name, images, boxes, box_indices, data_format, n_threads, out_hw, out_channels,
+           native, **fallback):
+    """Check the arguments, bring tensors to the host, run ``native`` (a :class:`_Native`)
+    on the op library, or the fallback (``_tf_numpy.run``'s arguments) when there is none,
+    and bring the result back to the images' device."""
+    _refuse_xla(op)
     data_format = _data_format(data_format)
     # eager ops carry no names, and the scope cost 9 us per call
     with tf.name_scope(name or op) if not tf.executing_eagerly() else contextlib.nullcontext():
         images = _images(images, data_format)
         boxes, box_indices = _boxes(boxes, box_indices)
-        x = images if data_format == "NCHW" else tf.transpose(images, [0, 3, 1, 2])
-        c = x.shape[1] if x.shape.rank else None
+        home = _tf_common.device_of(images)
+        images, boxes, box_indices = (on_host(t, arg) for t, arg in (
+            (images, "images"), (boxes, "boxes"), (box_indices, "box_indices")))
+        channels = out_channels(images.shape[1 if data_format == "NCHW" else 3]
+                                if images.shape.rank else None)
         k = boxes.shape[0] if boxes.shape.rank else None
-        out_shape = [k, out_channels(c), *out_hw]
-        if _eager_on_host(x, boxes, box_indices):
-            # the core's result already has exactly this shape
-            y = _eager(op, x, boxes, box_indices, forward, backward, with_argmax)
+        shape = [k, channels, *out_hw] if data_format == "NCHW" else [k, *out_hw, channels]
+        if native_ops() is not None:
+            y = _run_native(native, images, boxes, box_indices, data_format, n_threads)
+            if channels is not None and y.shape[-1 if data_format == "NHWC" else 1] is None:
+                y = tf.ensure_shape(y, shape)  # output_channels given, images' C unknown
         else:
-            y = _graph(op, x, boxes, box_indices, out_shape, forward, backward, with_argmax,
-                       graph_argmax)
-            y.set_shape(out_shape)
-        return y if data_format == "NCHW" else tf.transpose(y, [0, 2, 3, 1])
+            _tf_numpy.refuse_export(op)
+            x = images if data_format == "NCHW" else tf.transpose(images, [0, 3, 1, 2])
+            y = _tf_numpy.run(op, x, boxes, box_indices, [k, channels, *out_hw], **fallback)
+            y = y if data_format == "NCHW" else tf.transpose(y, [0, 2, 3, 1])
+        return back_to(y, home)
 
 
-def _eager(op, x, boxes, box_indices, forward, backward, with_argmax):
-    """Eager, on the host: the core on zero-copy NumPy views of the tensors.  Without a tape
-    recording x no gradient can be asked for: no custom gradient, no argmax.  Otherwise
-    what the backward needs (the argmax) stays a NumPy array in the gradient's closure."""
-    xa, ba, ia = np.asarray(x), np.asarray(boxes), np.asarray(box_indices)
-    if not _may_need_gradient(x):
-        return _to_tensor(forward(xa, ba, ia, False))
-
-    @tf.custom_gradient
-    def _op(x, boxes, box_indices):
-        res = forward(xa, ba, ia, with_argmax)
-        y, *saved = res if with_argmax else (res,)
-        shape = np.array(xa.shape, np.int64)
-
-        def backward_numpy(dy):
-            return backward(dy, ba, ia, shape, *saved)
-
-        def grad(dy):
-            if _eager_on_host(dy):
-                dx = _to_tensor(backward_numpy(np.asarray(dy)))
-            else:  # pragma: no cover - a gradient taken outside eager mode
-                dx = tf.numpy_function(backward_numpy, [dy], x.dtype, stateful=False,
-                                       name=op + "_grad")
-                dx.set_shape(x.shape)
-            return dx, None, None
-
-        return _to_tensor(y), grad
-
-    return _op(x, boxes, box_indices)
-
-
-def _graph(op, x, boxes, box_indices, out_shape, forward, backward, with_argmax,
-           graph_argmax=True):
-    """In a graph (or off the host): tf.numpy_function.  The argmax is computed by the
-    forward pass unless ``graph_argmax`` is False; then a gradient recomputes it."""
-    saving = with_argmax and graph_argmax
-
-    @tf.custom_gradient
-    def _op(x, boxes, box_indices):
-        def forward_saving(x, b, i):
-            return forward(x, b, i, saving)  # 64-byte aligned: TF keeps it uncopied
-
-        dtypes = [x.dtype, tf.int32] if saving else [x.dtype]
-        y, *saved = tf.numpy_function(forward_saving, [x, boxes, box_indices], dtypes,
-                                      stateful=False, name=op)
-        y.set_shape(out_shape)
-
-        def recompute_and_backward(dy, b, i, shape, x):
-            return backward(dy, b, i, shape, forward(x, b, i, True)[1])
-
-        def grad(dy):
-            shape = tf.shape(x, out_type=tf.int64)
-            if with_argmax and not saving:
-                dx = tf.numpy_function(recompute_and_backward, [dy, boxes, box_indices, shape, x],
-                                       x.dtype, stateful=False, name=op + "_grad")
-            else:
-                dx = tf.numpy_function(backward, [dy, boxes, box_indices, shape, *saved],
-                                       x.dtype, stateful=False, name=op + "_grad")
-            dx.set_shape(x.shape)
-            return dx, None, None
-
-        return y, grad
-
-    return _op(x, boxes, box_indices)
+def _run_native(native, images, boxes, box_indices, data_format, n_threads):
+    from .native import tf as native_tf
+    attrs = {**native.attrs, "data_format": data_format, "n_threads": n_threads or 0}
+    half = images.dtype == tf.float16  # computed in float32, as roicore.core does
+    x = tf.cast(images, tf.float32) if half else images
+    y = native_tf.call(native.op_type, x, boxes, box_indices, attrs, native.boxes_differentiable)
+    return tf.cast(y, tf.float16) if half else y
 
 
 def _same_channels(c):
@@ -323,76 +256,158 @@ def _same_channels(c):
 # ---------------------------------------------------------------------------------------
 # Ops
 
-def roi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, method="max",
-             extrapolation_value=0.0, data_format="NHWC", name=None, *, n_threads=None):
+def roi_pool(images, boxes, box_indices, output_size=None, spatial_scale=1.0, method="max",
+             extrapolation_value=0.0, data_format="NHWC", name=None, *, crop_size=None,
+             n_threads=None):
     """RoI pooling of ``images`` (NHWC by default) over ``boxes`` [y1, x1, y2, x2] with ``box_indices``.
 
     method="max" takes ABSOLUTE input-image coordinates (feature pixel = coordinate *
-    ``spatial_scale``); method="bilinear" takes boxes normalised exactly as
-    ``tf.image.crop_and_resize``'s (``y * (H - 1)`` is the feature row) and equals it bit for
-    bit for float32.  Columns are [y1, x1, y2, x2] as in TF; the result is
-    ``(K, PH, PW, C)`` (NHWC) or ``(K, C, PH, PW)`` (NCHW) in the images' dtype.
+    ``spatial_scale``).  method="bilinear" and method="nearest" are
+    ``tf.image.crop_and_resize`` with the same method: boxes normalised as its
+    (``y * (H - 1)`` is the feature row), equal to it bit for bit for float32, forward and
+    gradients (of the images and of the boxes).  Columns are [y1, x1, y2, x2] as in TF;
+    the result is ``(K, PH, PW, C)`` (NHWC) or ``(K, C, PH, PW)`` (NCHW) in the images'
+    dtype.
+
+    The output size is ``output_size``, or ``crop_size`` (crop_and_resize's name for it,
+    for the crop methods), so ``crop_and_resize(image, boxes, box_indices, crop_size,
+    method=..., extrapolation_value=...)`` becomes ``roi_pool(image, boxes, box_indices,
+    crop_size, method=..., extrapolation_value=...)`` with its arguments unchanged,
+    positional or by keyword.  Either may be a tensor (as crop_and_resize's crop_size is)
+    whose value is known when the op is built, such as a constant.
 
     Args:
       images: 4-D float16/32/64 tensor, (N, H, W, C) or (N, C, H, W) per ``data_format``.
       boxes: (K, 4) float tensor of [y1, x1, y2, x2] rows.
       box_indices: (K,) int32/int64 tensor, the image of each box, in [0, N).
-      output_size: int or (PH, PW), the pooled size (``crop_size`` for bilinear).
+      output_size: int or (PH, PW), the pooled size.
       spatial_scale: feature-map size over image size (1/16 for a stride-16 backbone).
-        Must stay 1.0 for method="bilinear", whose boxes are already normalised.
-      method: "max" (Fast R-CNN RoI max pooling, roicore convention "mxnet") or "bilinear"
-        (crop_and_resize sampling, roicore convention "tensorflow").
-      extrapolation_value: value of bilinear samples outside the map (crop_and_resize's).
+        Must stay 1.0 for the crop methods, whose boxes are already normalised.
+      method: "max" (Fast R-CNN RoI max pooling, roicore convention "mxnet"), "bilinear"
+        or "nearest" (crop_and_resize's sampling, roicore convention "tensorflow").
+      extrapolation_value: value of crop samples outside the map (crop_and_resize's).
       data_format: "NHWC" (default; costs a transpose copy of the input and of the output,
         and of the gradients) or "NCHW" (no copy).
       name: name scope.
+      crop_size: the output size under crop_and_resize's name; pass it or output_size,
+        not both, and only with method "bilinear" or "nearest".
       n_threads: OpenMP threads for roicore (None: its default); results do not depend on it.
 
     Returns:
-      The pooled tensor.  Gradients flow to ``images`` only.
+      The pooled tensor.  Gradients flow to ``images`` and, for the crop methods, to
+      ``boxes``; method="max" gives boxes none.
 
     Notes:
       max: each box is snapped to feature pixels with ``round(x * spatial_scale)``, given an
       inclusive +1 extent and split into floor/ceil bins; an empty bin gives 0.
-      bilinear: a flipped box (y2 < y1) gives a flipped crop; samples outside the map give
-      ``extrapolation_value``.  Unlike crop_and_resize, the output keeps the images' dtype
-      and float64 images are computed in float64 (crop_and_resize always computes and
-      returns float32); crop_and_resize's box gradient is not provided.
+      bilinear, nearest: a flipped box (y2 < y1) gives a flipped crop; samples outside the
+      map give ``extrapolation_value``; nearest takes the pixel at ``round()`` of the
+      sample position (halves away from zero).  As in TF, the boxes' gradient of
+      method="nearest" is the bilinear crop's (the nearest crop is piecewise constant in
+      the boxes).  Unlike crop_and_resize, the output keeps the images' dtype and float64
+      images are computed in float64 (crop_and_resize always computes and returns
+      float32).
     """
-    return _roi_pool(images, boxes, box_indices, output_size, spatial_scale, method,
-                     extrapolation_value, data_format, name, n_threads)
+    return _roi_pool(images, boxes, box_indices, _output_size(output_size, crop_size, method),
+                     spatial_scale, method, extrapolation_value, data_format, name, n_threads)
 
 
-def _roi_pool(images, boxes, box_indices, output_size, spatial_scale, method,
+_METHODS = ("max", "bilinear", "nearest")
+_CROP_METHODS = ("bilinear", "nearest")
+
+
+def _method(method):
+    if method not in _METHODS:
+        raise ValueError(f"method must be 'max', 'bilinear' or 'nearest', got {method!r}")
+    return method
+
+
+def _output_size(output_size, crop_size, method):
+    """roi_pool's (PH, PW), from ``output_size`` or crop_and_resize's ``crop_size``."""
+    _method(method)
+    if crop_size is None:
+        if output_size is None:
+            raise TypeError("roi_pool() needs the output size: pass output_size (or crop_size "
+                            "for method='bilinear' or 'nearest')")
+        return _size(output_size, "output_size")
+    if output_size is not None:
+        raise TypeError("pass output_size or crop_size (crop_and_resize's name for it), not both")
+    if method not in _CROP_METHODS:
+        raise ValueError("crop_size is crop_and_resize's name for the output size of "
+                         f"method='bilinear' or 'nearest'; method={method!r} takes output_size")
+    return _size(crop_size, "crop_size")
+
+
+def _size(value, name):
+    """An int or (height, width) pair, given as Python ints or a tensor, as (h, w)."""
+    return _pair(_static(value, name), name)
+
+
+def _static(value, name):
+    """A size given as a tensor or array, as Python ints (its value must be known now)."""
+    if not (tf.is_tensor(value) or isinstance(value, np.ndarray)):
+        return value
+    known = tf.get_static_value(value)
+    if known is None:
+        raise ValueError(f"{name} must be known when the op is built (a Python int or pair, or "
+                         f"a constant tensor), got a tensor whose value is computed at run time")
+    if known.dtype.kind not in "iu" or known.shape not in ((), (2,)):
+        raise TypeError(f"{name} must be an int or a pair of ints (height, width), got a "
+                        f"{known.dtype} tensor of shape {known.shape}")
+    return tuple(known.tolist()) if known.shape else int(known)
+
+
+def _float_attr(value, name):
+    """A positive scale as a TF float attribute holds it: a C float, as the "mxnet"
+    conventions of these ops hold it too (checked not to underflow or overflow there)."""
+    value = _validate.positive_scale(value, name)
+    return _validate.held_scale(value, float(np.float32(value)), name)
+
+
+def _rules(name):
+    """The op's convention as the op library's ``rules`` attribute."""
+    return list(_binding.rules_codes(CONVENTIONS[name]))
+
+
+def _roi_pool(images, boxes, box_indices, out_hw, spatial_scale, method,
               extrapolation_value, data_format, name, n_threads, graph_argmax=True):
-    if method not in ("max", "bilinear"):
-        raise ValueError(f"method must be 'max' or 'bilinear', got {method!r}")
-    out_hw = _pair(output_size, "output_size")
     core.effective_n_threads(n_threads)
-    if method == "bilinear":
+    if method in _CROP_METHODS:
         if spatial_scale != 1.0:
-            raise ValueError("spatial_scale must be 1.0 for method='bilinear': its boxes are "
+            raise ValueError(f"spatial_scale must be 1.0 for method={method!r}: its boxes are "
                              "normalised as tf.image.crop_and_resize's, got "
                              f"spatial_scale={spatial_scale!r}")
-        rules = CONVENTIONS["roi_pool/bilinear"]
+        rules = CONVENTIONS["roi_pool/" + method]
 
         def forward(x, b, i, argmax):
-            xyxy, i = _xyxy(b, i, x.shape[0])
-            return core.roi_pool(x, xyxy, out_hw, batch_indices=i, method="bilinear",
+            xyxy, i = _tf_numpy.xyxy(b, i, x.shape[0])
+            return core.roi_pool(x, xyxy, out_hw, batch_indices=i, method=method,
                                  convention=rules, extrapolation_value=extrapolation_value,
                                  n_threads=n_threads)
 
         def backward(dy, b, i, shape):
-            xyxy, i = _xyxy(b, i, shape[0])
+            xyxy, i = _tf_numpy.xyxy(b, i, shape[0])
             return core.roi_pool_backward(dy, xyxy, tuple(shape), batch_indices=i,
-                                          method="bilinear", convention=rules,
+                                          method=method, convention=rules,
                                           n_threads=n_threads)
 
-        return _apply("roi_pool", name, images, boxes, box_indices, data_format, out_hw,
-                      _same_channels, forward, backward)
+        def boxes_backward(dy, x, b, i):
+            xyxy, i = _tf_numpy.xyxy(b, i, x.shape[0])
+            d = core.roi_pool_boxes_backward(dy, x, xyxy, batch_indices=i,
+                                             convention=CONVENTIONS["roi_pool/bilinear"],
+                                             n_threads=n_threads)
+            return d[:, [1, 0, 3, 2]]
+
+        native = _Native("RoicoreCropAndResize", dict(
+            crop_height=out_hw[0], crop_width=out_hw[1], method=method,
+            extrapolation_value=_validate.real(extrapolation_value, "extrapolation_value"),
+            rules=_rules("roi_pool/" + method)), boxes_differentiable=True)
+        return _apply("roi_pool", name, images, boxes, box_indices, data_format, n_threads,
+                      out_hw, _same_channels, native, forward=forward, backward=backward,
+                      boxes_backward=boxes_backward)
 
     def forward(x, b, i, with_argmax):
-        xyxy, i = _xyxy(b, i, x.shape[0])
+        xyxy, i = _tf_numpy.xyxy(b, i, x.shape[0])
         res = core.roi_pool(x, xyxy, out_hw, spatial_scale, batch_indices=i, method="max",
                             convention=_MAX_RULES, return_argmax=with_argmax,
                             n_threads=n_threads)
@@ -405,13 +420,17 @@ def _roi_pool(images, boxes, box_indices, output_size, spatial_scale, method,
         return y, argmax
 
     def backward(dy, b, i, shape, argmax):
-        xyxy, i = _xyxy(b, i, shape[0])
+        xyxy, i = _tf_numpy.xyxy(b, i, shape[0])
         return core.roi_pool_backward(dy, xyxy, tuple(shape), spatial_scale, batch_indices=i,
                                       method="max", convention=_MAX_RULES, argmax=argmax,
                                       n_threads=n_threads)
 
-    return _apply("roi_pool", name, images, boxes, box_indices, data_format, out_hw,
-                  _same_channels, forward, backward, with_argmax=True,
+    native = _Native("RoicoreRoiPoolMax", dict(
+        pooled_height=out_hw[0], pooled_width=out_hw[1],
+        spatial_scale=_float_attr(spatial_scale, "spatial_scale"), rules=_rules("roi_pool/max"),
+        compute_argmax=graph_argmax))
+    return _apply("roi_pool", name, images, boxes, box_indices, data_format, n_threads, out_hw,
+                  _same_channels, native, forward=forward, backward=backward, with_argmax=True,
                   graph_argmax=graph_argmax)
 
 
@@ -445,30 +464,34 @@ def psroi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, outpu
       Output channel d at cell (ph, pw) averages input channel ``(d*GH + gh)*GW + gw``.
       Coordinates are rounded before scaling and the end gets +1; empty bins give 0.
     """
-    out_hw = _pair(output_size, "output_size")
+    out_hw = _size(output_size, "output_size")
     gh, gw = out_hw if group_size is None else _pair(group_size, "group_size")
     core.effective_n_threads(n_threads)
     rules = CONVENTIONS["psroi_pool"]
 
     def out_channels(c):
-        if output_channels is not None:
+        """D; checked against the images' channels when they are known."""
+        if c is None:
             return output_channels if isinstance(output_channels, numbers.Integral) else None
-        return c // (gh * gw) if c is not None and c % (gh * gw) == 0 else None
+        return _psroi_setup(out_hw, (gh, gw), c, output_channels, "images")[4]
 
     def forward(x, b, i, argmax):
-        xyxy, i = _xyxy(b, i, x.shape[0])
+        xyxy, i = _tf_numpy.xyxy(b, i, x.shape[0])
         return core.psroi_pool(x, xyxy, out_hw, spatial_scale, output_channels=output_channels,
                                group_size=group_size, batch_indices=i, convention=rules,
                                n_threads=n_threads)
 
     def backward(dy, b, i, shape):
-        xyxy, i = _xyxy(b, i, shape[0])
+        xyxy, i = _tf_numpy.xyxy(b, i, shape[0])
         return core.psroi_pool_backward(dy, xyxy, tuple(shape), spatial_scale,
                                         group_size=group_size, batch_indices=i,
                                         convention=rules, n_threads=n_threads)
 
-    return _apply("psroi_pool", name, images, boxes, box_indices, data_format, out_hw,
-                  out_channels, forward, backward)
+    native = _Native("RoicorePsroiPool", dict(
+        pooled_height=out_hw[0], pooled_width=out_hw[1], group_height=gh, group_width=gw,
+        spatial_scale=_float_attr(spatial_scale, "spatial_scale"), rules=_rules("psroi_pool")))
+    return _apply("psroi_pool", name, images, boxes, box_indices, data_format, n_threads,
+                  out_hw, out_channels, native, forward=forward, backward=backward)
 
 
 def roi_align(images, boxes, box_indices, output_size, spatial_scale=1.0, sampling_ratio=-1,
@@ -496,23 +519,28 @@ def roi_align(images, boxes, box_indices, output_size, spatial_scale=1.0, sampli
     Returns:
       The pooled tensor.  Gradients flow to ``images`` only.
     """
-    out_hw = _pair(output_size, "output_size")
+    out_hw = _size(output_size, "output_size")
     core.effective_n_threads(n_threads)
     rules = CONVENTIONS["roi_align"]
 
     def forward(x, b, i, argmax):
-        xyxy, i = _xyxy(b, i, x.shape[0])
+        xyxy, i = _tf_numpy.xyxy(b, i, x.shape[0])
         return core.roi_align(x, xyxy, out_hw, spatial_scale, sampling_ratio, aligned,
                               batch_indices=i, convention=rules, n_threads=n_threads)
 
     def backward(dy, b, i, shape):
-        xyxy, i = _xyxy(b, i, shape[0])
+        xyxy, i = _tf_numpy.xyxy(b, i, shape[0])
         return core.roi_align_backward(dy, xyxy, tuple(shape), spatial_scale, sampling_ratio,
                                        aligned, batch_indices=i, convention=rules,
                                        n_threads=n_threads)
 
-    return _apply("roi_align", name, images, boxes, box_indices, data_format, out_hw,
-                  _same_channels, forward, backward)
+    native = _Native("RoicoreRoiAlign", dict(
+        pooled_height=out_hw[0], pooled_width=out_hw[1],
+        spatial_scale=_float_attr(spatial_scale, "spatial_scale"),
+        sampling_ratio=_validate.sampling_ratio(sampling_ratio),
+        aligned=_validate.flag(aligned, "aligned"), rules=_rules("roi_align")))
+    return _apply("roi_align", name, images, boxes, box_indices, data_format, n_threads,
+                  out_hw, _same_channels, native, forward=forward, backward=backward)
 
 
 # ---------------------------------------------------------------------------------------
@@ -531,8 +559,48 @@ def _keras_data_format(data_format):
     return "channels_last" if _KERAS_FORMATS[data_format] == "NHWC" else "channels_first"
 
 
+def _batched_boxes(images, boxes):
+    """Batched (B, R, 4) boxes as the ops take them: the (B*R, 4) rows, their images (b for
+    the R boxes of image b) and a function that gives a (B*R, ...) result the shape
+    (B, R, ...)."""
+    boxes = tf.convert_to_tensor(boxes, name="boxes")
+    rank = boxes.shape.rank
+    if rank is not None and (rank != 3 or boxes.shape[2] not in (None, 4)):
+        raise ValueError("boxes must be batched, (B, R, 4) [y1, x1, y2, x2], when no "
+                         f"box_indices are given (or flat (K, 4) with box_indices), got shape "
+                         f"{boxes.shape}")
+    images = tf.convert_to_tensor(images, name="images")
+    n = images.shape[0] if images.shape.rank else None
+    b, r = (boxes.shape[0], boxes.shape[1]) if rank else (None, None)
+    if n is not None and b is not None and n != b:
+        raise ValueError(f"batched boxes must hold the boxes of each image: images have a "
+                         f"batch of {n}, boxes of {b}")
+    shape = tf.shape(boxes)
+    checks = [] if n is not None and b is not None else [tf.debugging.assert_equal(
+        tf.shape(images)[0], shape[0],
+        message="batched boxes must hold the boxes of each image: the batch sizes of "
+                "images and boxes differ")]
+    with tf.control_dependencies(checks):
+        indices = tf.repeat(tf.range(shape[0], dtype=tf.int32), shape[1])
+    flat = tf.reshape(boxes, [-1, 4])
+
+    def unflatten(y):
+        out = tf.reshape(y, tf.concat([shape[:2], tf.shape(y)[1:]], 0))
+        out.set_shape([b, r] + y.shape[1:].as_list())
+        return out
+
+    return flat, indices, unflatten
+
+
 class _RoILayer(keras.layers.Layer):
-    """Shared plumbing: ``call(images, boxes, box_indices)``, data_format, get_config."""
+    """Shared plumbing: data_format, get_config, and the two forms of boxes.
+
+    ``layer(images, boxes, box_indices)`` takes flat (K, 4) boxes, each box's image in
+    ``box_indices``, and returns (K, ...) as the function does.  ``layer(images, boxes)``
+    takes batched (B, R, 4) boxes, row b holding the R boxes of image b, and returns
+    (B, R, ...): every input and the output then have the batch dimension first, as
+    Keras (``fit``, ``predict``, its input checks) expects.
+    """
 
     _op = None
     _params = ()
@@ -544,7 +612,13 @@ class _RoILayer(keras.layers.Layer):
         self.n_threads = n_threads
         self.supports_jit = False  # Keras' jit_compile="auto" then stays off XLA
 
-    def call(self, images, boxes, box_indices):
+    def call(self, images, boxes, box_indices=None, training=None):
+        if box_indices is not None:
+            return self._pool(images, boxes, box_indices, training)
+        flat, indices, unflatten = _batched_boxes(images, boxes)
+        return unflatten(self._pool(images, flat, indices, training))
+
+    def _pool(self, images, boxes, box_indices, training):
         kwargs = {p: getattr(self, p) for p in self._params}
         return type(self)._op(images, boxes, box_indices, **kwargs,
                               data_format=_KERAS_FORMATS[self.data_format],
@@ -559,11 +633,11 @@ class _RoILayer(keras.layers.Layer):
 
 @keras.saving.register_keras_serializable(package="roicore")
 class RoIPool(_RoILayer):
-    """Keras layer for :func:`roi_pool`: ``RoIPool(output_size, ...)(images, boxes, box_indices)``.
+    """Keras layer for :func:`roi_pool`: ``RoIPool(output_size, ...)(images, boxes, [box_indices])``.
 
     Boxes are ABSOLUTE [y1, x1, y2, x2] for method="max" and normalised as crop_and_resize's
-    for method="bilinear"; ``data_format`` is Keras' ("channels_last" by default, from
-    ``keras.config.image_data_format()``) or "NHWC"/"NCHW".  Called with
+    for method="bilinear" and "nearest"; ``data_format`` is Keras' ("channels_last" by
+    default, from ``keras.config.image_data_format()``) or "NHWC"/"NCHW".  Called with
     ``training=False`` in a graph, method="max" keeps no argmax for a gradient (see the
     module docstring).
     """
@@ -576,12 +650,10 @@ class RoIPool(_RoILayer):
         super().__init__(data_format, n_threads, **kwargs)
         self.output_size = _pair(output_size, "output_size")
         self.spatial_scale = float(spatial_scale)
-        if method not in ("max", "bilinear"):
-            raise ValueError(f"method must be 'max' or 'bilinear', got {method!r}")
-        self.method = method
+        self.method = _method(method)
         self.extrapolation_value = float(extrapolation_value)
 
-    def call(self, images, boxes, box_indices, training=None):
+    def _pool(self, images, boxes, box_indices, training):
         # training=False (Keras predict / evaluate): in a graph the forward pass computes no
         # argmax; a gradient taken all the same recomputes it.
         return _roi_pool(images, boxes, box_indices, self.output_size, self.spatial_scale,

@@ -2,7 +2,9 @@
 
 Operators (forward and backward, float16/32/64):
 
-* :func:`roi_pool` -- RoI max pooling (Fast R-CNN) and OpenVINO-style bilinear pooling
+* :func:`roi_pool` -- RoI max pooling (Fast R-CNN), bilinear and nearest pooling
+  (OpenVINO ROIPooling "bilinear", TF crop_and_resize), with the crop's box gradient
+  (:func:`roi_pool_boxes_backward`)
 * :func:`psroi_pool` -- position-sensitive RoI pooling (R-FCN)
 * :func:`roi_align` -- RoIAlign (Mask R-CNN)
 
@@ -40,13 +42,14 @@ from ._memory import (
 from ._threads import effective_n_threads, openmp_enabled
 from .ops import (
     psroi_pool, psroi_pool_backward, roi_align, roi_align_backward, roi_pool,
-    roi_pool_backward,
+    roi_pool_backward, roi_pool_boxes_backward,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "roi_pool", "roi_pool_backward", "psroi_pool", "psroi_pool_backward", "roi_align",
+    "roi_pool", "roi_pool_backward", "roi_pool_boxes_backward", "psroi_pool",
+    "psroi_pool_backward", "roi_align",
     "roi_align_backward", "conventions", "openmp_enabled", "effective_n_threads",
     "set_output_cache_limit", "release_output_cache", "output_cache_stats",
     "get_memory_limit", "set_memory_limit", "get_include", "get_library_dir", "get_link_args",

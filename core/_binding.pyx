@@ -101,6 +101,20 @@ cdef extern from "roicore.h" nogil:
                                            const roicore_boxes *boxes,
                                            const roicore_tensor *grad_input,
                                            const roicore_exec *exec, roicore_error *err)
+    int roicore_roi_pool_nearest_forward(const roicore_bilinear_pool_rules *rules,
+                                         const roicore_tensor *x, const roicore_boxes *boxes,
+                                         double extrapolation_value, const roicore_tensor *out,
+                                         const roicore_exec *exec, roicore_error *err)
+    int roicore_roi_pool_nearest_backward(const roicore_bilinear_pool_rules *rules,
+                                          const roicore_tensor *grad_output,
+                                          const roicore_boxes *boxes,
+                                          const roicore_tensor *grad_input,
+                                          const roicore_exec *exec, roicore_error *err)
+    int roicore_roi_pool_bilinear_boxes_backward(const roicore_bilinear_pool_rules *rules,
+                                                 const roicore_tensor *grad_output,
+                                                 const roicore_tensor *x,
+                                                 const roicore_boxes *boxes, void *grad_boxes,
+                                                 const roicore_exec *exec, roicore_error *err)
     int roicore_psroi_pool_forward(const roicore_psroi_pool_rules *rules, const roicore_tensor *x,
                                    const roicore_boxes *boxes, double spatial_scale,
                                    int64_t group_h, int64_t group_w, const roicore_tensor *out,
@@ -342,36 +356,61 @@ def max_pool_argmax_dtype(rules, shape):
     return "int32" if roicore_max_pool_argmax_type(&r, &t) == ROICORE_INT32 else "int64"
 
 
-def roi_pool_bilinear_forward(rules, x, coords, batch, double extrapolation_value, out,
-                              int n_threads, bint masked=False):
+cdef roicore_bilinear_pool_rules _bilinear_rules(object rules) except *:
     cdef int64_t f[8]
     cdef roicore_bilinear_pool_rules r
     cdef roicore_error e
     if roicore_bilinear_pool_rules_from_array(f, _fields(rules, f, 8), &r, &e):
         _rules_error(&e)
+    return r
+
+
+def roi_pool_bilinear_forward(rules, x, coords, batch, double extrapolation_value, out,
+                              int n_threads, bint masked=False, bint nearest=False):
+    """Bilinear (or, with nearest, nearest-neighbour) crops of x into `out`."""
+    cdef roicore_bilinear_pool_rules r = _bilinear_rules(rules)
     cdef roicore_tensor tx = _tensor(x, False), to = _tensor(out, True)
     cdef roicore_boxes b = _boxes(coords, batch, masked)
     cdef _Call call = _Call(n_threads)
     cdef int status
     with nogil:
-        status = roicore_roi_pool_bilinear_forward(&r, &tx, &b, extrapolation_value, &to,
-                                                   &call.exec, &call.err)
+        if nearest:
+            status = roicore_roi_pool_nearest_forward(&r, &tx, &b, extrapolation_value, &to,
+                                                      &call.exec, &call.err)
+        else:
+            status = roicore_roi_pool_bilinear_forward(&r, &tx, &b, extrapolation_value, &to,
+                                                       &call.exec, &call.err)
     call.check(status)
 
 
 def roi_pool_bilinear_backward(rules, grad_output, coords, batch, grad_input, int n_threads,
-                               bint masked=False):
-    cdef int64_t f[8]
-    cdef roicore_bilinear_pool_rules r
-    cdef roicore_error e
-    if roicore_bilinear_pool_rules_from_array(f, _fields(rules, f, 8), &r, &e):
-        _rules_error(&e)
+                               bint masked=False, bint nearest=False):
+    """The crops' gradient with respect to the map into `grad_input` (all of it written)."""
+    cdef roicore_bilinear_pool_rules r = _bilinear_rules(rules)
     cdef roicore_tensor tg = _tensor(grad_output, False), tdx = _tensor(grad_input, True)
     cdef roicore_boxes b = _boxes(coords, batch, masked)
     cdef _Call call = _Call(n_threads)
     cdef int status
     with nogil:
-        status = roicore_roi_pool_bilinear_backward(&r, &tg, &b, &tdx, &call.exec, &call.err)
+        if nearest:
+            status = roicore_roi_pool_nearest_backward(&r, &tg, &b, &tdx, &call.exec, &call.err)
+        else:
+            status = roicore_roi_pool_bilinear_backward(&r, &tg, &b, &tdx, &call.exec, &call.err)
+    call.check(status)
+
+
+def roi_pool_bilinear_boxes_backward(rules, grad_output, x, coords, batch, grad_boxes,
+                                     int n_threads, bint masked=False):
+    """The bilinear crops' gradient with respect to the boxes into `grad_boxes` (K, 4)."""
+    cdef roicore_bilinear_pool_rules r = _bilinear_rules(rules)
+    cdef roicore_tensor tg = _tensor(grad_output, False), tx = _tensor(x, False)
+    cdef roicore_boxes b = _boxes(coords, batch, masked)
+    cdef void *gb = _data(grad_boxes, True)
+    cdef _Call call = _Call(n_threads)
+    cdef int status
+    with nogil:
+        status = roicore_roi_pool_bilinear_boxes_backward(&r, &tg, &tx, &b, gb, &call.exec,
+                                                          &call.err)
     call.check(status)
 
 

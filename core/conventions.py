@@ -173,3 +173,4 @@ def resolve(convention, table: dict, rules_type: type, op: str):
         f"convention must be a framework name (str) or a {rules_type.__name__}, "
         f"got {type(convention).__name__}"
     )
+

@@ -47,11 +47,12 @@ from .conventions import (
 )
 
 __all__ = [
-    "roi_pool", "roi_pool_backward", "psroi_pool", "psroi_pool_backward",
-    "roi_align", "roi_align_backward",
+    "roi_pool", "roi_pool_backward", "roi_pool_boxes_backward", "psroi_pool",
+    "psroi_pool_backward", "roi_align", "roi_align_backward",
 ]
 
-_METHODS = ("max", "bilinear")
+_METHODS = ("max", "bilinear", "nearest")
+_CROP_METHODS = ("bilinear", "nearest")
 
 
 def _scale_for(rules, spatial_scale, dtype):
@@ -83,8 +84,9 @@ def _pool_rules(method, convention):
     if method == "max":
         return resolve("mxnet" if convention is None else convention, MAX_POOL, MaxPoolRules,
                        "roi_pool(method='max')")
-    return resolve("openvino" if convention is None else convention, BILINEAR_POOL,
-                   BilinearPoolRules, "roi_pool(method='bilinear')")
+    default = "openvino" if method == "bilinear" else "tensorflow"  # only TF samples nearest
+    return resolve(default if convention is None else convention, BILINEAR_POOL,
+                   BilinearPoolRules, f"roi_pool(method={method!r})")
 
 
 def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, masked=False,
@@ -107,6 +109,11 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, ma
         when the size is 1), like ``tf.image.crop_and_resize``.  Samples outside
         [0, H-1] x [0, W-1] give ``extrapolation_value``; a reversed box gives a flipped
         crop; a zero-size box repeats one sample.
+    method="nearest" (default convention "tensorflow"; any bilinear convention places the
+    samples)
+        ``tf.image.crop_and_resize(method="nearest")``: the samples of method="bilinear",
+        each taking the pixel at its row and column rounded to the nearest integer (halves
+        away from zero).
 
     Returns
     -------
@@ -120,11 +127,12 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, ma
     rules = _pool_rules(method, convention)
     return_argmax = V.flag(return_argmax, "return_argmax")
     if return_argmax and method != "max":
-        raise ValueError("return_argmax=True needs method='max'; bilinear pooling has no argmax")
+        raise ValueError(f"return_argmax=True needs method='max'; method={method!r} has no "
+                         "argmax")
     extrapolation_value = V.real(extrapolation_value, "extrapolation_value")
     if method == "max" and extrapolation_value != 0:
-        raise ValueError("extrapolation_value applies to method='bilinear' only, got "
-                         f"{extrapolation_value!r} with method='max'")
+        raise ValueError("extrapolation_value applies to method='bilinear' and 'nearest' only, "
+                         f"got {extrapolation_value!r} with method='max'")
     xc, out_dtype = V.nchw_float(x, "x")
     PH, PW = V.pair(output_size, "output_size")
     spatial_scale = V.positive_scale(spatial_scale)
@@ -145,7 +153,7 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, ma
     V.coordinate_range(V.unmasked(coords, batch, masked), max(W - 1, 1), max(H - 1, 1))
     out = _output(out, (coords.shape[0], C, PH, PW), xc, out_dtype, boxes, batch_indices)
     _binding.roi_pool_bilinear_forward(rules, xc, coords, batch, extrapolation_value, out,
-                                       threads, masked)
+                                       threads, masked, nearest=method == "nearest")
     return out.astype(out_dtype, copy=False)
 
 
@@ -157,7 +165,8 @@ def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, bat
     method="max" scatters each output gradient to its argmax (as returned by the forward
     with ``return_argmax=True`` and the same convention), in (box, channel, ph, pw) order;
     ``spatial_scale`` is not used.  method="bilinear" is the adjoint of the sampling, in
-    the arithmetic of TF's ``CropAndResizeGradImage``.
+    the arithmetic of TF's ``CropAndResizeGradImage``; method="nearest" adds each output
+    gradient to its sample's pixel, as that op does for ``method="nearest"``.
     """
     method = _method(method)
     rules = _pool_rules(method, convention)
@@ -177,11 +186,42 @@ def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, bat
         _binding.roi_pool_max_backward(rules, g, a, batch, dx, threads, masked)
     else:
         if argmax is not None:
-            raise ValueError("argmax is only used by method='max'; bilinear pooling has none")
+            raise ValueError(f"argmax is only used by method='max'; method={method!r} has none")
         V.coordinate_range(V.unmasked(coords, batch, masked), max(W - 1, 1), max(H - 1, 1))
         dx = _output(out, shape, g, out_dtype, boxes, batch_indices)
-        _binding.roi_pool_bilinear_backward(rules, g, coords, batch, dx, threads, masked)
+        _binding.roi_pool_bilinear_backward(rules, g, coords, batch, dx, threads, masked,
+                                            nearest=method == "nearest")
     return dx.astype(out_dtype, copy=False)
+
+
+def roi_pool_boxes_backward(grad_output, x, boxes, *, batch_indices=None, masked=False,
+                            convention="tensorflow", n_threads=None, out=None):
+    """Gradient of :func:`roi_pool` (method="bilinear") with respect to the box coordinates.
+
+    The arithmetic and order of TF's ``CropAndResizeGradBoxes``: for every sample on the
+    map, the upstream gradient times the interpolation's slope along each axis, times how
+    far the sample moves with each coordinate (``(size-1) - p*(size-1)/(P-1)`` for the box's
+    start, ``p*(size-1)/(P-1)`` for its end; half of ``size-1`` each when P == 1), summed
+    over (ph, pw, channel) in that order.  TensorFlow uses it for method="nearest" too,
+    whose crop is piecewise constant in the boxes.  Only convention "tensorflow" (rules
+    without ``pin_last`` or ``fused_lerp``) defines it.
+
+    Returns an array of shape (K, 4): the gradient of each box's [x1, y1, x2, y2] (a batch
+    column, if ``boxes`` has one, gets none), in x's dtype.
+    """
+    rules = resolve(convention, BILINEAR_POOL, BilinearPoolRules, "roi_pool_boxes_backward")
+    xc, out_dtype = V.nchw_float(x, "x")
+    N, C, H, W = xc.shape
+    g, g_dtype = V.nchw_float(grad_output, "grad_output", "(K, C, PH, PW)")
+    if g_dtype != out_dtype:
+        raise TypeError(f"grad_output must have the dtype of x ({out_dtype}), got {g_dtype}")
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype, masked)
+    V.expect_shape(g, (coords.shape[0], C) + g.shape[2:], "grad_output")
+    V.coordinate_range(V.unmasked(coords, batch, masked), max(W - 1, 1), max(H - 1, 1))
+    threads = effective_n_threads(n_threads)
+    grad = _output(out, coords.shape, xc, out_dtype, g, boxes, batch_indices)
+    _binding.roi_pool_bilinear_boxes_backward(rules, g, xc, coords, batch, grad, threads, masked)
+    return grad.astype(out_dtype, copy=False)
 
 
 def _argmax_array(argmax, rules, expected_shape, input_shape):

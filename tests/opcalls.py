@@ -16,14 +16,16 @@ PS = 2                       # pooled size; psroi: C = 8 = D * 2 * 2 -> D = 2
 _rng = np.random.default_rng(1234)
 X = _rng.standard_normal((N, C, H, W)).astype(np.float32)
 
-# [batch, x1, y1, x2, y2] in pixels, and normalised boxes for bilinear pooling
+# [batch, x1, y1, x2, y2] in pixels, and normalised boxes for the crop methods (bilinear,
+# nearest)
 BOXES = np.array([[0, 0.5, 1.0, 4.2, 5.1],
                   [1, 1.0, 0.5, 6.0, 3.0]], np.float32)
 NBOXES = np.array([[0, 0.1, 0.2, 0.8, 0.9],
                    [1, 0.05, 0.3, 0.5, 0.95]], np.float32)
 
-FORWARD = ["roi_pool_max", "roi_pool_bilinear", "psroi_pool", "roi_align"]
-BACKWARD = ["roi_pool_backward_max", "roi_pool_backward_bilinear", "psroi_pool_backward",
+FORWARD = ["roi_pool_max", "roi_pool_bilinear", "roi_pool_nearest", "psroi_pool", "roi_align"]
+BACKWARD = ["roi_pool_backward_max", "roi_pool_backward_bilinear", "roi_pool_backward_nearest",
+            "psroi_pool_backward",
             "roi_align_backward"]
 ALL_OPS = FORWARD + BACKWARD
 PSROI_OPS = ["psroi_pool", "psroi_pool_backward"]
@@ -34,10 +36,12 @@ COORD_OPS = [op for op in ALL_OPS if op != "roi_pool_backward_max"]
 _FN = {
     "roi_pool_max": (rc.roi_pool, {"method": "max"}),
     "roi_pool_bilinear": (rc.roi_pool, {"method": "bilinear"}),
+    "roi_pool_nearest": (rc.roi_pool, {"method": "nearest"}),
     "psroi_pool": (rc.psroi_pool, {}),
     "roi_align": (rc.roi_align, {}),
     "roi_pool_backward_max": (rc.roi_pool_backward, {"method": "max"}),
     "roi_pool_backward_bilinear": (rc.roi_pool_backward, {"method": "bilinear"}),
+    "roi_pool_backward_nearest": (rc.roi_pool_backward, {"method": "nearest"}),
     "psroi_pool_backward": (rc.psroi_pool_backward, {}),
     "roi_align_backward": (rc.roi_align_backward, {}),
 }
@@ -48,6 +52,8 @@ _RULES = {
     "roi_pool_backward_max": (MAX_POOL, "MaxPoolRules"),
     "roi_pool_bilinear": (BILINEAR_POOL, "BilinearPoolRules"),
     "roi_pool_backward_bilinear": (BILINEAR_POOL, "BilinearPoolRules"),
+    "roi_pool_nearest": (BILINEAR_POOL, "BilinearPoolRules"),
+    "roi_pool_backward_nearest": (BILINEAR_POOL, "BilinearPoolRules"),
     "psroi_pool": (PSROI_POOL, "PSRoIPoolRules"),
     "psroi_pool_backward": (PSROI_POOL, "PSRoIPoolRules"),
     "roi_align": (ROI_ALIGN, "RoIAlignRules"),
@@ -55,8 +61,13 @@ _RULES = {
 }
 
 
+def crop(op):
+    """Whether op samples like crop_and_resize (normalised boxes)."""
+    return op.endswith(("bilinear", "nearest"))
+
+
 def default_boxes(op):
-    return NBOXES if "bilinear" in op else BOXES
+    return NBOXES if crop(op) else BOXES
 
 
 def out_channels(op):

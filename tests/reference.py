@@ -35,6 +35,7 @@ __all__ = [
     "FLT_MAX", "c_round", "caffe_bin_edges",
     "roi_pool_max", "roi_pool_max_backward",
     "roi_pool_bilinear", "roi_pool_bilinear_backward",
+    "roi_pool_nearest", "roi_pool_nearest_backward", "roi_pool_bilinear_boxes_backward",
     "psroi_pool", "psroi_pool_backward",
     "roi_align", "roi_align_backward",
     "numeric_grad",
@@ -265,8 +266,8 @@ def _crop_coord(k, P, lo, hi, size, pin_last, T):
     return T(0.5 * float(lo + hi) * float(size - 1))
 
 
-def _crop_cells(boxes, n, H, W, PH, PW, pin_last, T):
-    """Yield (ph, pw, in_range, t, bo, l, r, y_lerp, x_lerp) for box n."""
+def _crop_samples(boxes, n, H, W, PH, PW, pin_last, T):
+    """Yield (ph, pw, in_range, in_y, in_x): the sample position of each cell of box n."""
     x1, y1, x2, y2 = _box(boxes, n, T)
     if not all(math.isfinite(float(v)) for v in (x1, y1, x2, y2)):
         raise ValueError("boxes must be finite")
@@ -274,14 +275,21 @@ def _crop_cells(boxes, n, H, W, PH, PW, pin_last, T):
         in_y = _crop_coord(ph, PH, y1, y2, H, pin_last, T)
         for pw in range(PW):
             in_x = _crop_coord(pw, PW, x1, x2, W, pin_last, T)
-            if in_y < 0 or in_y > T(H - 1) or in_x < 0 or in_x > T(W - 1):
-                yield ph, pw, False, 0, 0, 0, 0, T(0), T(0)
-                continue
-            t = math.floor(in_y)
-            bo = min(math.ceil(in_y), H - 1)
-            l = math.floor(in_x)
-            r = min(math.ceil(in_x), W - 1)
-            yield ph, pw, True, t, bo, l, r, in_y - T(t), in_x - T(l)
+            off_map = in_y < 0 or in_y > T(H - 1) or in_x < 0 or in_x > T(W - 1)
+            yield ph, pw, not off_map, in_y, in_x
+
+
+def _crop_cells(boxes, n, H, W, PH, PW, pin_last, T):
+    """Yield (ph, pw, in_range, t, bo, l, r, y_lerp, x_lerp) for box n."""
+    for ph, pw, ok, in_y, in_x in _crop_samples(boxes, n, H, W, PH, PW, pin_last, T):
+        if not ok:
+            yield ph, pw, False, 0, 0, 0, 0, T(0), T(0)
+            continue
+        t = math.floor(in_y)
+        bo = min(math.ceil(in_y), H - 1)
+        l = math.floor(in_x)
+        r = min(math.ceil(in_x), W - 1)
+        yield ph, pw, True, t, bo, l, r, in_y - T(t), in_x - T(l)
 
 
 def _lerp(a, b, t, T):
@@ -364,6 +372,117 @@ def roi_pool_bilinear_backward(grad_output, boxes, batch, input_shape, rules,
                     d[bo, l] = d[bo, l] + (one - lx) * dbot
                     d[bo, r] = d[bo, r] + lx * dbot
     return dx
+
+
+def roi_pool_nearest(x, boxes, batch, output_size, rules, extrapolation_value=0.0):
+    """TF ``crop_and_resize(method="nearest")``: each cell takes the pixel nearest its
+    bilinear sample position, ``roundf`` (halves away from zero) on both axes; cells off
+    the map give ``extrapolation_value``.  ``rules.pin_last`` places the samples as in
+    :func:`roi_pool_bilinear` (False for TF)."""
+    x = np.asarray(x)
+    T = _real_type(x)
+    boxes = _boxes_as(boxes, T)
+    N, C, H, W = x.shape
+    PH, PW = _pair(output_size)
+    K = boxes.shape[0]
+    y = np.zeros((K, C, PH, PW), dtype=T)
+    for n in range(K):
+        b = _batch_index(batch, n, N)
+        for ph, pw, ok, in_y, in_x in _crop_samples(boxes, n, H, W, PH, PW,
+                                                      bool(rules.pin_last), T):
+            y[n, :, ph, pw] = x[b, :, c_round(in_y), c_round(in_x)] if ok else T(extrapolation_value)
+    return y
+
+
+def roi_pool_nearest_backward(grad_output, boxes, batch, input_shape, rules):
+    """TF ``CropAndResizeGradImage(method="nearest")``: each in-range cell's gradient added
+    to its nearest pixel, serially in (n, c, ph, pw) order."""
+    g = np.asarray(grad_output)
+    T = _real_type(g)
+    boxes = _boxes_as(boxes, T)
+    N, C, H, W = (int(d) for d in input_shape)
+    K, _, PH, PW = g.shape
+    dx = np.zeros((N, C, H, W), dtype=T)
+    for n in range(K):
+        b = _batch_index(batch, n, N)
+        samples = list(_crop_samples(boxes, n, H, W, PH, PW, bool(rules.pin_last), T))
+        for c in range(C):
+            for ph, pw, ok, in_y, in_x in samples:
+                if ok:
+                    i, j = c_round(in_y), c_round(in_x)
+                    dx[b, c, i, j] = dx[b, c, i, j] + g[n, c, ph, pw]
+    return dx
+
+
+def roi_pool_bilinear_boxes_backward(grad_output, x, boxes, batch):
+    """Gradient of the TF bilinear crop with respect to the normalised boxes
+    ``[x1, y1, x2, y2]``: TF ``CropAndResizeGradBoxes`` (which TF also uses for
+    method="nearest"), returned in roicore's column order.
+
+    Its arithmetic differs from the forward's: the sample step is
+    ``(y2 - y1) * ((H-1)/(PH-1))`` where the forward computes ``((y2 - y1)*(H-1))/(PH-1)``,
+    so a sample can fall an ulp, and on rare occasions a pixel, away from the forward's.
+    Each box accumulates serially over (ph, pw, c); for a crop size of 1 the term
+    ``g * 0.5 * (H-1)`` is computed in double and the sum rounded to T.
+    """
+    g = np.asarray(grad_output)
+    T = _real_type(g)
+    x = np.asarray(x).astype(T, copy=False)
+    boxes = _boxes_as(boxes, T)
+    N, C, H, W = x.shape
+    K, _, PH, PW = g.shape
+    one = T(1)
+    out = np.zeros((K, 4), dtype=T)
+
+    def axis(lo, hi, size, P):
+        """(sample positions, ratio): TF's in_y for every p, and (size-1)/(P-1)."""
+        ratio = T(size - 1) / T(P - 1) if P > 1 else T(0)
+        step = (hi - lo) * ratio
+        if P > 1:
+            return [lo * T(size - 1) + T(p) * step for p in range(P)], ratio
+        return [T(0.5 * float(lo + hi) * float(size - 1))], ratio
+
+    def add(acc, grad, p, size, P, ratio, upper):
+        """acc + grad * d(position)/d(lo or hi), as TF rounds it."""
+        if P > 1:
+            return acc + grad * (T(p) * ratio if upper else T(size - 1) - T(p) * ratio)
+        return T(float(acc) + float(grad) * 0.5 * float(size - 1))
+
+    with np.errstate(all="ignore"):
+        for n in range(K):
+            b = _batch_index(batch, n, N)
+            x1, y1, x2, y2 = _box(boxes, n, T)
+            if not all(math.isfinite(float(v)) for v in (x1, y1, x2, y2)):
+                raise ValueError("boxes must be finite")
+            ys, h_ratio = axis(y1, y2, H, PH)
+            xs, w_ratio = axis(x1, x2, W, PW)
+            dx1, dy1, dx2, dy2 = T(0), T(0), T(0), T(0)
+            for ph in range(PH):
+                in_y = ys[ph]
+                if in_y < 0 or in_y > T(H - 1):
+                    continue
+                t, bo = math.floor(in_y), math.ceil(in_y)
+                ly = in_y - T(t)
+                for pw in range(PW):
+                    in_x = xs[pw]
+                    if in_x < 0 or in_x > T(W - 1):
+                        continue
+                    l, r = math.floor(in_x), math.ceil(in_x)
+                    lx = in_x - T(l)
+                    for c in range(C):
+                        v = x[b, c]
+                        tl, tr, bl, br = v[t, l], v[t, r], v[bo, l], v[bo, r]
+                        grad_y = (one - lx) * (bl - tl) + lx * (br - tr)
+                        grad_x = (one - ly) * (tr - tl) + ly * (br - bl)
+                        top = g[n, c, ph, pw]
+                        grad_y = grad_y * top
+                        grad_x = grad_x * top
+                        dy1 = add(dy1, grad_y, ph, H, PH, h_ratio, False)
+                        dy2 = add(dy2, grad_y, ph, H, PH, h_ratio, True)
+                        dx1 = add(dx1, grad_x, pw, W, PW, w_ratio, False)
+                        dx2 = add(dx2, grad_x, pw, W, PW, w_ratio, True)
+            out[n] = dx1, dy1, dx2, dy2
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ log = logging.getLogger("roicore.native")
 COMPILERS = ("c++", "g++", "clang++")
 LIBRARY_SUFFIX = ".dll" if sys.platform == "win32" else ".so"
 _LOG_TAIL = 4000  # characters of compiler output quoted in an error
+_ERROR_LINES = 20
 
 
 class NativeBuildError(RuntimeError):
@@ -149,11 +150,13 @@ def compiler_version(cmd: Sequence[str]) -> str:
     try:
         out = subprocess.run([*cmd, "--version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError) as exc:
-        raise NativeBuildError(f"the C++ compiler {shlex.join(cmd)} could not be run: {exc}") from exc
+        raise NativeBuildError(
+            f"the C++ compiler {shlex.join(cmd)} could not be run: {exc}") from exc
     lines = (out.stdout or out.stderr).strip().splitlines()
     if out.returncode != 0 or not lines:
-        raise NativeBuildError(f"the C++ compiler {shlex.join(cmd)} does not run: "
-                               f"'--version' exited with {out.returncode}: {out.stderr[-_LOG_TAIL:]}")
+        raise NativeBuildError(
+            f"the C++ compiler {shlex.join(cmd)} does not run: '--version' exited with "
+            f"{out.returncode}: {out.stderr[-_LOG_TAIL:]}")
     return lines[0]
 
 
@@ -233,8 +236,16 @@ def _compile(cmd: list[str], log_path: pathlib.Path, purpose: str) -> None:
     _write_atomically(log_path, f"$ {shlex.join(cmd)}\n{proc.stdout}{proc.stderr}"
                                 f"exit status {proc.returncode}\n")
     if proc.returncode != 0:
-        output = (proc.stdout + proc.stderr).strip()
         raise NativeBuildError(
             f"roicore could not compile {purpose}: the compiler exited with status "
             f"{proc.returncode}.\ncommand: {shlex.join(cmd)}\n"
-            f"{output[-_LOG_TAIL:]}\n(full log: {log_path})")
+            f"{_diagnostics(proc.stdout + proc.stderr)}\n(full log: {log_path})")
+
+
+def _diagnostics(output: str) -> str:
+    """The compiler's error lines (warnings about the framework's own headers can run to
+    thousands of lines before them), else the end of its output."""
+    errors = [line for line in output.splitlines() if "error" in line.lower()
+              and ("error:" in line or "Error" in line or "undefined reference" in line)]
+    text = "\n".join(errors[:_ERROR_LINES]) if errors else output.strip()
+    return text[-_LOG_TAIL:]

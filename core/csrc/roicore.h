@@ -238,6 +238,32 @@ int roicore_roi_pool_bilinear_backward(const roicore_bilinear_pool_rules *rules,
                                        const roicore_tensor *grad_input,
                                        const roicore_exec *exec, roicore_error *err);
 
+/* Nearest-neighbour RoI pooling (crop_and_resize method "nearest"): each output cell takes
+ * the pixel nearest its bilinear sample position (C round, halves away from zero).  Samples
+ * outside the map give extrapolation_value. */
+int roicore_roi_pool_nearest_forward(const roicore_bilinear_pool_rules *rules,
+                                     const roicore_tensor *x, const roicore_boxes *boxes,
+                                     double extrapolation_value, const roicore_tensor *out,
+                                     const roicore_exec *exec, roicore_error *err);
+
+/* Its gradient with respect to x (TF CropAndResizeGradImage, method "nearest").  Writes
+ * every element of grad_input. */
+int roicore_roi_pool_nearest_backward(const roicore_bilinear_pool_rules *rules,
+                                      const roicore_tensor *grad_output,
+                                      const roicore_boxes *boxes,
+                                      const roicore_tensor *grad_input,
+                                      const roicore_exec *exec, roicore_error *err);
+
+/* The gradient of bilinear RoI pooling with respect to the box coordinates, in the
+ * arithmetic of TF's CropAndResizeGradBoxes (rules->pin_last and rules->fused_lerp must be
+ * 0: no framework defines it otherwise).  grad_boxes is (k, 4) [x1, y1, x2, y2] in x's
+ * dtype; every element is written. */
+int roicore_roi_pool_bilinear_boxes_backward(const roicore_bilinear_pool_rules *rules,
+                                             const roicore_tensor *grad_output,
+                                             const roicore_tensor *x,
+                                             const roicore_boxes *boxes, void *grad_boxes,
+                                             const roicore_exec *exec, roicore_error *err);
+
 /* Position-sensitive RoI average pooling.  x has C = D * group_h * group_w channels, out
  * is (K, D, PH, PW). */
 int roicore_psroi_pool_forward(const roicore_psroi_pool_rules *rules, const roicore_tensor *x,

@@ -70,3 +70,20 @@ def numpy_path(monkeypatch):
     """Runs a Paddle adapter test on the NumPy path (roicore.core through PyLayer)."""
     rp = importlib.import_module("roicore.adapters.paddle")
     monkeypatch.setattr(rp, "_operators", lambda: None)
+
+
+@pytest.fixture(params=["native", "numpy_function"])
+def tf_path(request, monkeypatch):
+    """Runs a TensorFlow adapter test on each way roicore.adapters.tf computes: roicore's
+    TensorFlow op library ("native": required in CI) and the tf.numpy_function fallback."""
+    from roicore.adapters import tf as rtf
+    if request.param == "native":
+        if rtf.native_ops() is None:
+            message = ("roicore's TensorFlow op library is not available (see its "
+                       "NativeOpsWarning)")
+            if REQUIRE:
+                pytest.fail(message)
+            pytest.skip(message)
+    else:
+        monkeypatch.setitem(rtf._LIBRARY, "library", None)
+    return request.param

@@ -4,10 +4,6 @@ The adapter only converts layout (NHWC <-> NCHW, [y1, x1, y2, x2] -> [x1, y1, x2
 every forward and gradient is compared with the core on the same NumPy inputs with
 ``np.array_equal``; the core itself is checked against the loop references in tests/.
 """
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
@@ -17,93 +13,13 @@ from conftest import framework
 tf = framework("tensorflow", "the TensorFlow adapter needs tensorflow")
 keras = framework("keras", "the TensorFlow adapter's layers need Keras 3")
 
-from roicore import core  # noqa: E402
 from roicore.adapters import tf as rtf  # noqa: E402
+from tf_cases import (  # noqa: E402
+    DTYPES, FORMATS, OPS, call_adapter, core_backward, core_forward, forward_and_grad,
+    from_format, make_case, params, to_format)
 
-OPS = ("roi_pool_max", "roi_pool_bilinear", "psroi_pool", "roi_align")
-FORMATS = ("NHWC", "NCHW")
-DTYPES = (np.float16, np.float32, np.float64)
-
-
-# ---------------------------------------------------------------------------------------
-# Inputs and the core calls they are compared with
-
-def make_case(op, seed=0, dtype=np.float32, N=2, C=None, H=9, W=11, K=7, scale=0.5):
-    """NCHW images, [y1, x1, y2, x2] boxes (incl. out-of-range, flipped and zero-size ones)
-    and box indices.  Bilinear boxes are normalised; the others absolute."""
-    rng = np.random.default_rng(seed)
-    C = C if C is not None else (2 * 3 * 3 if op == "psroi_pool" else 3)
-    # distinct values so max pooling has no ties (finite differences stay valid)
-    x = (rng.permutation(N * C * H * W).reshape(N, C, H, W) * 0.01 - 1).astype(dtype)
-    if op == "roi_pool_bilinear":
-        yx = rng.uniform(-0.3, 1.3, (K, 4))
-    else:
-        yx = rng.uniform(-3, [H / scale + 3, W / scale + 3] * 2, (K, 4))
-    yx[0] = yx[0, [2, 3, 0, 1]] if yx[0, 0] < yx[0, 2] else yx[0]  # flipped box
-    yx[1, 2:] = yx[1, :2]                                           # zero-size box
-    boxes = yx.astype(np.float32)
-    idx = rng.integers(0, N, K).astype(np.int32)
-    return x, boxes, idx
-
-
-def params(op):
-    return {"roi_pool_max": dict(output_size=(3, 2), spatial_scale=0.5),
-            "roi_pool_bilinear": dict(output_size=(3, 4)),
-            "psroi_pool": dict(output_size=3, spatial_scale=0.5),
-            "roi_align": dict(output_size=(2, 3), spatial_scale=0.5, sampling_ratio=2)}[op]
-
-
-def call_adapter(op, images, boxes, idx, data_format="NHWC", **kw):
-    kw = {**params(op), **kw}
-    if op.startswith("roi_pool"):
-        return rtf.roi_pool(images, boxes, idx, method=op.split("_")[-1], data_format=data_format,
-                            **kw)
-    return getattr(rtf, op)(images, boxes, idx, data_format=data_format, **kw)
-
-
-def to_format(x_nchw, data_format):
-    return x_nchw if data_format == "NCHW" else np.transpose(x_nchw, (0, 2, 3, 1))
-
-
-def from_format(a, data_format):
-    return a if data_format == "NCHW" else np.transpose(a, (0, 3, 1, 2))
-
-
-def core_forward(op, x, boxes, idx):
-    xyxy = boxes[:, [1, 0, 3, 2]]
-    kw = params(op)
-    if op == "roi_pool_max":
-        return core.roi_pool(x, xyxy, batch_indices=idx, method="max", convention="mxnet", **kw)
-    if op == "roi_pool_bilinear":
-        return core.roi_pool(x, xyxy, batch_indices=idx, method="bilinear",
-                             convention="tensorflow", **kw)
-    return getattr(core, op)(x, xyxy, batch_indices=idx, convention="mxnet", **kw)
-
-
-def core_backward(op, dy, x, boxes, idx):
-    xyxy = boxes[:, [1, 0, 3, 2]]
-    kw = params(op)
-    kw.pop("output_size")
-    if op == "roi_pool_max":
-        _, argmax = core.roi_pool(x, xyxy, batch_indices=idx, method="max", convention="mxnet",
-                                  return_argmax=True, **params(op))
-        return core.roi_pool_backward(dy, xyxy, x.shape, batch_indices=idx, method="max",
-                                      convention="mxnet", argmax=argmax, **kw)
-    if op == "roi_pool_bilinear":
-        return core.roi_pool_backward(dy, xyxy, x.shape, batch_indices=idx, method="bilinear",
-                                      convention="tensorflow", **kw)
-    return getattr(core, op + "_backward")(dy, xyxy, x.shape, batch_indices=idx,
-                                           convention="mxnet", **kw)
-
-
-def forward_and_grad(op, images, boxes, idx, dy, data_format, **kw):
-    images = tf.convert_to_tensor(images)
-    with tf.GradientTape() as tape:
-        tape.watch(images)
-        y = call_adapter(op, images, boxes, idx, data_format, **kw)
-        loss = tf.reduce_sum(y * tf.cast(dy, y.dtype))
-    return y, tape.gradient(loss, images)
-
+# every test runs on the native op library and on the tf.numpy_function fallback
+pytestmark = pytest.mark.usefixtures("tf_path")
 
 # ---------------------------------------------------------------------------------------
 # Adapter == core
@@ -124,8 +40,9 @@ def test_forward_and_gradient_match_core(op, data_format, dtype):
                                       core_backward(op, dy, x, boxes, idx))
 
 
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", [op for op in OPS if op != "roi_pool_bilinear"])
 def test_boxes_get_no_gradient_and_int64_indices_work(op):
+    """Only the crop methods differentiate the boxes (tests/adapters/test_tf_crop_and_resize.py)."""
     x, boxes, idx = make_case(op)
     images, boxes_t = tf.constant(to_format(x, "NHWC")), tf.constant(boxes)
     with tf.GradientTape(persistent=True) as tape:
@@ -151,76 +68,6 @@ def test_n_threads_does_not_change_results():
                              n_threads=n) for n in (1, 2)]
     np.testing.assert_array_equal(outs[0][0], outs[1][0])
     np.testing.assert_array_equal(outs[0][1], outs[1][1])
-
-
-# ---------------------------------------------------------------------------------------
-# How the core is called: eager zero-copy views, argmax only when a tape records
-
-_CORE_NAME = {"roi_pool_max": "roi_pool", "roi_pool_bilinear": "roi_pool",
-              "psroi_pool": "psroi_pool", "roi_align": "roi_align"}
-
-
-@pytest.mark.parametrize("op", OPS)
-def test_eager_call_without_tape_computes_no_argmax(op, spy_core):
-    """No GradientTape records the images: the core is called directly, without an argmax,
-    on a view of the images' memory (no copy), and its aligned result becomes the output
-    tensor (no copy); a taped call afterwards gives the same output and the gradient."""
-    x, boxes, idx = make_case(op, 3)
-    images = tf.constant(x)
-    calls = spy_core(_CORE_NAME[op])
-    y = call_adapter(op, images, boxes, idx, "NCHW")
-    (args, kw, res), = calls
-    assert not kw.get("return_argmax", False)
-    assert args[0].ctypes.data == np.asarray(images).ctypes.data  # the images, not a copy
-    assert "out" not in kw and res.ctypes.data % 64 == 0  # the core's outputs are aligned
-    assert np.asarray(y).ctypes.data == res.ctypes.data           # the output, not a copy
-    y_core = core_forward(op, x, boxes, idx)
-    np.testing.assert_array_equal(y.numpy(), y_core)
-    dy = np.random.default_rng(4).standard_normal(y_core.shape).astype(np.float32)
-    y2, g = forward_and_grad(op, x, boxes, idx, dy, "NCHW")
-    assert calls[-1].kwargs.get("return_argmax", False) == (op == "roi_pool_max")
-    np.testing.assert_array_equal(y2.numpy(), y_core)
-    np.testing.assert_array_equal(g.numpy(), core_backward(op, dy, x, boxes, idx))
-    with tf.GradientTape() as tape:  # a tape that does not watch the images changes nothing
-        call_adapter(op, images, boxes, idx, "NCHW")
-    assert not calls[-1].kwargs.get("return_argmax", False)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
-def test_eager_outputs_are_aligned_for_tf_kernels(dtype):
-    """TF's kernels abort on unaligned memory; every eager result (float16 ones, computed
-    by the core into its own buffer, included) must feed TF's binary ops."""
-    x, boxes, idx = make_case("roi_pool_max", 1, dtype)
-    dy = np.ones(core_forward("roi_pool_max", x, boxes, idx).shape, dtype)
-    y, g = forward_and_grad("roi_pool_max", x, boxes, idx, dy, "NCHW")
-    for t in (y, g):
-        assert np.asarray(t).ctypes.data % 64 == 0
-        np.testing.assert_array_equal((t * 2).numpy(), t.numpy() * 2)
-
-
-def test_tf_function_results_are_aligned_core_buffers(spy_core):
-    """In a graph tf.numpy_function keeps 64-byte-aligned results without a copy: the core
-    allocates its outputs so; and the argmax is computed, as a tape may watch the call."""
-    x, boxes, idx = make_case("roi_pool_max", 2)
-    calls = spy_core("roi_pool")
-    y = tf.function(lambda im: call_adapter("roi_pool_max", im, boxes, idx, "NCHW"))(
-        tf.constant(x))
-    (_, kw, res), = calls
-    assert kw["return_argmax"] and all(a.ctypes.data % 64 == 0 for a in res)
-    assert np.asarray(y).ctypes.data == res[0].ctypes.data  # kept, not copied
-    np.testing.assert_array_equal(y.numpy(), core_forward("roi_pool_max", x, boxes, idx))
-    # the graph's argmax output is aligned too (so TF keeps it) and the gradient is right
-    dy = np.random.default_rng(5).standard_normal(y.shape).astype(np.float32)
-
-    @tf.function
-    def grad(im):
-        with tf.GradientTape() as tape:
-            tape.watch(im)
-            out = call_adapter("roi_pool_max", im, boxes, idx, "NCHW")
-        return tape.gradient(out, im, output_gradients=dy)
-
-    np.testing.assert_array_equal(grad(tf.constant(x)).numpy(),
-                                  core_backward("roi_pool_max", dy, x, boxes, idx))
 
 
 # ---------------------------------------------------------------------------------------
@@ -329,55 +176,74 @@ def test_keras_layer_trains_in_a_model(make_layer, data_format, tmp_path):
     np.testing.assert_array_equal(loaded([images, boxes, idx]), model([images, boxes, idx]))
 
 
+BATCHED = [
+    ("roi_pool_max", lambda df: rtf.RoIPool((3, 2), 0.5, data_format=df)),
+    ("roi_pool_bilinear", lambda df: rtf.RoIPool(3, method="bilinear", data_format=df)),
+    ("psroi_pool", lambda df: rtf.PSRoIPool(3, 0.5, output_channels=2, data_format=df)),
+    ("roi_align", lambda df: rtf.RoIAlign((2, 3), 0.5, sampling_ratio=2, data_format=df)),
+]
+
+
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+@pytest.mark.parametrize("op,make_layer", BATCHED, ids=[op for op, _ in BATCHED])
+def test_keras_layers_take_batched_boxes(op, make_layer, data_format):
+    """(B, R, 4) boxes without box_indices: row b holds the boxes of image b, and the result
+    is (B, R, ...), the flat call's rows in the same order; gradients match too."""
+    layer = make_layer(data_format)
+    fmt = "NCHW" if data_format == "channels_first" else "NHWC"
+    x, boxes, _ = make_case(op, 4, N=3, C=18, K=12)
+    images = tf.constant(to_format(x, fmt))
+    batched = boxes.reshape(3, 4, 4)
+    flat_idx = np.repeat(np.arange(3, dtype=np.int32), 4)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(images)
+        y = layer(images, batched)
+        y_flat = layer(images, boxes, flat_idx)
+    assert y.shape == (3, 4) + tuple(y_flat.shape[1:])
+    np.testing.assert_array_equal(y.numpy().reshape(y_flat.shape), y_flat.numpy())
+    dy = np.random.default_rng(1).standard_normal(y_flat.shape).astype(np.float32)
+    np.testing.assert_array_equal(tape.gradient(y, images, dy.reshape(y.shape)).numpy(),
+                                  tape.gradient(y_flat, images, dy).numpy())
+    # in a graph, with the batch size unknown until run time, the same
+    fn = tf.function(lambda im, b: layer(im, b), input_signature=[
+        tf.TensorSpec([None, *images.shape[1:]], tf.float32),
+        tf.TensorSpec([None, 4, 4], tf.float32)])
+    assert fn.get_concrete_function().structured_outputs.shape.as_list() == [None, 4, *y.shape[2:]]
+    np.testing.assert_array_equal(fn(images, batched).numpy(), y.numpy())
+    with pytest.raises(tf.errors.InvalidArgumentError, match="batch sizes of images and boxes differ"):
+        fn(images, batched[:2])
+
+
+def test_keras_model_with_batched_boxes_fits_and_predicts():
+    """Keras checks that every input has the same batch size: batched boxes pass it with
+    several boxes per image, and predict's batches are concatenated along the image axis."""
+    x, boxes, _ = make_case("roi_align", 2, N=6, C=4, K=18)
+    images = to_format(x, "NHWC")
+    inputs = [keras.Input((9, 11, 4)), keras.Input((3, 4))]
+    feats = keras.layers.Conv2D(6, 3, padding="same",
+                                kernel_initializer=keras.initializers.GlorotUniform(0))(inputs[0])
+    pooled = rtf.RoIAlign((2, 3), 0.5, sampling_ratio=2)(feats, inputs[1])   # (B, 3, 2, 3, 6)
+    out = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(1))(
+        keras.layers.Reshape((3, -1))(pooled))                              # (B, 3, 1)
+    model = keras.Model(inputs, out)
+    model.compile(optimizer=keras.optimizers.SGD(1e-4), loss="mse")
+    batched = boxes.reshape(6, 3, 4)
+    history = model.fit([images, batched], np.ones((6, 3, 1)), batch_size=2, epochs=2, verbose=0)
+    assert np.all(np.isfinite(history.history["loss"]))
+    predicted = model.predict([images, batched], batch_size=4, verbose=0)
+    np.testing.assert_array_equal(predicted, model([images, batched]).numpy())
+    with pytest.raises(ValueError, match="images have a batch of 6, boxes of 5"):
+        rtf.RoIAlign(2)(images, batched[:5])
+    with pytest.raises(ValueError, match=r"boxes must be batched, \(B, R, 4\)"):
+        rtf.RoIAlign(2)(images, boxes)
+
+
 def test_keras_layer_equals_op():
     x, boxes, idx = make_case("roi_align")
     layer = rtf.RoIAlign((2, 3), 0.5, sampling_ratio=2, data_format="NCHW")
     np.testing.assert_array_equal(layer(x, boxes, idx),
                                   call_adapter("roi_align", x, boxes, idx, "NCHW"))
     assert layer.get_config()["data_format"] == "channels_first"
-
-
-def test_keras_roi_pool_training_false_skips_the_argmax_in_a_graph(spy_core):
-    """RoIPool called with training=False (Keras predict) in a graph computes no argmax in
-    the forward pass; a gradient taken all the same recomputes it and is still the core's;
-    training=True (fit) computes it in the forward pass."""
-    x, boxes, idx = make_case("roi_pool_max", 5)
-    layer = rtf.RoIPool((3, 2), 0.5, data_format="NCHW")
-    y_core = core_forward("roi_pool_max", x, boxes, idx)
-    dy = np.random.default_rng(6).standard_normal(y_core.shape).astype(np.float32)
-    g_core = core_backward("roi_pool_max", dy, x, boxes, idx)
-    calls = spy_core("roi_pool")
-
-    @tf.function
-    def run(im, training):
-        with tf.GradientTape() as tape:
-            tape.watch(im)
-            y = layer(im, boxes, idx, training=training)
-        return y, tape.gradient(y, im, output_gradients=dy)
-
-    @tf.function
-    def predict(im):
-        return layer(im, boxes, idx, training=False)
-
-    np.testing.assert_array_equal(predict(tf.constant(x)).numpy(), y_core)
-    assert [kw.get("return_argmax", False) for _, kw, _ in calls] == [False]
-    for training, argmax_calls in ((False, [False, True]), (True, [True])):
-        del calls[:]
-        y, g = run(tf.constant(x), training)
-        # (in a graph the two ops have no order: the recompute needs x only)
-        assert sorted(kw.get("return_argmax", False) for _, kw, _ in calls) == argmax_calls
-        np.testing.assert_array_equal(y.numpy(), y_core)
-        np.testing.assert_array_equal(g.numpy(), g_core)
-    # Keras predict: one box per image, as Keras slices every input alike
-    x, boxes, _ = make_case("roi_pool_max", 5, N=4, K=4)
-    idx = np.arange(4, dtype=np.int32)
-    inputs = [keras.Input((3, 9, 11)), keras.Input((4,)), keras.Input((), dtype="int32")]
-    model = keras.Model(inputs, layer(*inputs))
-    del calls[:]
-    np.testing.assert_array_equal(model.predict([x, boxes, idx], batch_size=4, verbose=0),
-                                  core_forward("roi_pool_max", x, boxes, idx))
-    assert calls[0].kwargs["return_argmax"] is False
-    assert not any(kw.get("return_argmax", False) for _, kw, _ in calls)
 
 
 def test_keras_jit_compile_true_falls_back_with_a_warning():
@@ -399,97 +265,70 @@ def test_keras_layer_under_an_xla_function_is_refused_clearly():
 
 
 # ---------------------------------------------------------------------------------------
-# tf.distribute.MirroredStrategy over two logical CPUs (needs a fresh TF: subprocess)
+# Tensors on an accelerator: the shared device policy.  There is no GPU here, so the
+# adapter's reading of a tensor's device (_tf_common.device_of) is monkeypatched to report the
+# images (or the upstream gradient) on "GPU:0"; the copies then really run, to the CPU
+# and, with soft device placement, "back" to a GPU that falls back to the CPU.
 
-MIRRORED = textwrap.dedent("""
-    import numpy as np
-    import tensorflow as tf
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    from roicore import core
-    from roicore.adapters import tf as rtf
+GPU = "/job:localhost/replica:0/task:0/device:GPU:0"
 
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    assert strategy.num_replicas_in_sync == 2
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((2, 2, 9, 11, 5)).astype(np.float32)      # per replica, NHWC
-    boxes = rng.uniform(0, 18, (2, 6, 4)).astype(np.float32)
-    idx = rng.integers(0, 2, (2, 6)).astype(np.int32)
-
-    def value(ctx, a):
-        with tf.device(strategy.extended.worker_devices[ctx.replica_id_in_sync_group]):
-            return tf.identity(a[ctx.replica_id_in_sync_group])
-
-    xs, bs, ids = (strategy.experimental_distribute_values_from_function(
-        lambda ctx, a=a: value(ctx, a)) for a in (x, boxes, idx))
-    devices = [t.device for t in strategy.experimental_local_results(xs)]
-    assert devices[0].endswith("CPU:0") and devices[1].endswith("CPU:1"), devices
-
-    @tf.function
-    def step(images, b, i):
-        with tf.GradientTape() as tape:
-            tape.watch(images)
-            y = rtf.roi_align(images, b, i, (3, 4), 0.5, sampling_ratio=2)
-            loss = tf.reduce_sum(y)
-        return y, tape.gradient(loss, images)
-
-    ys, gs = strategy.run(step, args=(xs, bs, ids))
-    ys, gs = strategy.experimental_local_results(ys), strategy.experimental_local_results(gs)
-    for r in range(2):
-        xyxy, nchw = boxes[r][:, [1, 0, 3, 2]], x[r].transpose(0, 3, 1, 2)
-        y_core = core.roi_align(nchw, xyxy, (3, 4), 0.5, 2, batch_indices=idx[r])
-        g_core = core.roi_align_backward(np.ones_like(y_core), xyxy, nchw.shape, 0.5, 2,
-                                         batch_indices=idx[r])
-        assert np.array_equal(ys[r].numpy().transpose(0, 3, 1, 2), y_core)
-        assert np.array_equal(gs[r].numpy().transpose(0, 3, 1, 2), g_core)
-    print("MIRRORED OK")
-""")
-
-
-def test_mirrored_strategy_over_two_logical_cpus():
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    proc = subprocess.run([sys.executable, "-c", MIRRORED], capture_output=True, text=True,
-                          timeout=300, env=env)
-    assert proc.returncode == 0 and "MIRRORED OK" in proc.stdout, proc.stderr[-4000:]
-
-
-# ---------------------------------------------------------------------------------------
-# method="bilinear" == tf.image.crop_and_resize, bit for bit
 
 @pytest.fixture
-def op_determinism():
-    from tensorflow.python.framework import config
-    was = config.is_op_determinism_enabled()
-    tf.config.experimental.enable_op_determinism()
-    yield
-    if not was:
-        config.disable_op_determinism()
+def images_on_gpu(monkeypatch):
+    """Make the adapter see the tensors it is given as ``fake`` (a list, filled by the
+    test) as living on GPU:0; the policy and its once-per-device warning are reset."""
+    from roicore.adapters import _common, _tf_common
+    fake = []
+    real = _tf_common.device_of
+    monkeypatch.setattr(_tf_common, "device_of",
+                        lambda t: GPU if any(t is f for f in fake) else real(t))
+    monkeypatch.setattr(_common, "_warned", set())
+    previous = _common.get_device_policy()
+    yield fake
+    _common.set_device_policy(previous)
 
 
-@pytest.mark.parametrize("extrapolation_value", [0.0, -2.5])
-@pytest.mark.parametrize("crop_size", [(1, 1), (7, 5), (1, 4), (6, 1), (14, 14)])
-def test_bilinear_equals_crop_and_resize(crop_size, extrapolation_value, op_determinism):
-    for seed in range(6):
-        rng = np.random.default_rng(seed)
-        N, H, W, C, K = 3, int(rng.integers(1, 13)), int(rng.integers(1, 13)), 4, 40
-        images = tf.constant(rng.standard_normal((N, H, W, C)).astype(np.float32))
-        boxes = rng.uniform(-0.5, 1.5, (K, 4))           # out of range and flipped boxes
-        boxes[:5] = rng.uniform(0, 1, (5, 4))
-        boxes[5] = [0, 0, 1, 1]
-        boxes[6] = [1, 1, 0, 0]
-        boxes[7, 2:] = boxes[7, :2]
-        boxes = tf.constant(boxes.astype(np.float32))
-        idx = tf.constant(rng.integers(0, N, K).astype(np.int32))
-        dy = tf.constant(rng.standard_normal((K,) + crop_size + (C,)).astype(np.float32))
-        with tf.GradientTape(persistent=True) as tape:
-            tape.watch(images)
-            ours = rtf.roi_pool(images, boxes, idx, crop_size, method="bilinear",
-                                extrapolation_value=extrapolation_value)
-            theirs = tf.image.crop_and_resize(images, boxes, idx, crop_size,
-                                              extrapolation_value=extrapolation_value)
-        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
-        np.testing.assert_array_equal(tape.gradient(ours, images, dy).numpy(),
-                                      tape.gradient(theirs, images, dy).numpy())
+@pytest.mark.parametrize("op", OPS)
+def test_images_off_the_host_are_copied_with_one_warning(op, images_on_gpu):
+    from roicore.adapters import DeviceCopyWarning
+    x, boxes, idx = make_case(op)
+    images = tf.constant(to_format(x, "NHWC"))
+    images_on_gpu.append(images)
+    y_core = core_forward(op, x, boxes, idx)
+    dy = np.random.default_rng(2).standard_normal(y_core.shape).astype(np.float32)
+    with pytest.warns(DeviceCopyWarning, match=r"roicore.adapters.tf: images is on "
+                      r".*GPU:0; roicore computes on the CPU, so inputs are copied"):
+        y, g = forward_and_grad(op, images, boxes, idx, to_format(dy, "NHWC"), "NHWC")
+    np.testing.assert_array_equal(from_format(y.numpy(), "NHWC"), y_core)
+    np.testing.assert_array_equal(from_format(g.numpy(), "NHWC"),
+                                  core_backward(op, dy, x, boxes, idx))
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeviceCopyWarning)  # once per device
+        call_adapter(op, images, boxes, idx)
+
+
+def test_policy_error_refuses_tensors_off_the_host(images_on_gpu):
+    from roicore.adapters import set_device_policy
+    x, boxes, idx = make_case("roi_align")
+    images = tf.constant(x)
+    images_on_gpu.append(images)
+    set_device_policy("error")
+    with pytest.raises(ValueError, match=r"roicore.adapters.tf: images is on .*GPU:0, but "
+                                         r"roicore computes on the CPU; move it to the CPU"):
+        call_adapter("roi_align", images, boxes, idx, "NCHW")
+    # and a gradient arriving from the accelerator, in eager mode and in a graph
+    host = tf.constant(x)
+    for run in (lambda f: f(), lambda f: tf.function(f)()):
+        def step():
+            with tf.GradientTape() as tape:
+                tape.watch(host)
+                y = call_adapter("roi_align", host, boxes, idx, "NCHW")
+                dy = tf.ones_like(y)
+            images_on_gpu.append(dy)
+            return tape.gradient(y, host, output_gradients=dy)
+        with pytest.raises(ValueError, match="the gradient is on .*GPU:0"):
+            run(step)
 
 
 # ---------------------------------------------------------------------------------------
@@ -503,28 +342,17 @@ def test_xla_jit_compile_is_refused_clearly():
         fn(tf.constant(x))
 
 
-def test_saved_model_export_is_refused_clearly(tmp_path):
-    x, boxes, idx = make_case("roi_pool_max")
-
-    class Module(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec(x.shape, tf.float32)])
-        def __call__(self, images):
-            return call_adapter("roi_pool_max", images, boxes, idx, "NCHW")
-
-    module = Module()
-    module(tf.constant(x))  # works outside the export
-    with pytest.raises(NotImplementedError, match="SavedModel"):
-        tf.saved_model.save(module, str(tmp_path / "sm"))
-
-
 @pytest.mark.parametrize("bad_index", [-1, 2, 7])
-def test_box_indices_out_of_range(bad_index):
-    x, boxes, idx = make_case("roi_pool_max")
+@pytest.mark.parametrize("op", OPS)
+def test_box_indices_out_of_range(op, bad_index):
+    """A bad value in a tensor is the InvalidArgumentError a TF op raises, eagerly and in a
+    graph, naming the argument, the box and the value."""
+    x, boxes, idx = make_case(op)
     idx[3] = bad_index
-    message = rf"box_indices\[3\] = {bad_index} is outside \[0, batch_size\) .*batch_size=2"
-    with pytest.raises(ValueError, match=message):
-        call_adapter("roi_pool_max", to_format(x, "NHWC"), boxes, idx)
-    fn = tf.function(lambda: call_adapter("roi_pool_max", to_format(x, "NHWC"), boxes, idx))
+    message = rf"box_indices\[3\] = {bad_index} is outside \[0, "
+    with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+        call_adapter(op, to_format(x, "NHWC"), boxes, idx)
+    fn = tf.function(lambda: call_adapter(op, to_format(x, "NHWC"), boxes, idx))
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         fn()
 
@@ -542,7 +370,7 @@ def test_box_indices_out_of_range(bad_index):
     (dict(data_format="NCWH"), ValueError, "data_format must be 'NHWC' or 'NCHW'"),
     (dict(output_size=(2, 0)), ValueError, "output_size must be >= 1"),
     (dict(output_size=2.5), TypeError, "output_size must be an int or a pair"),
-    (dict(method="avg"), ValueError, "method must be 'max' or 'bilinear'"),
+    (dict(method="avg"), ValueError, "method must be 'max', 'bilinear' or 'nearest'"),
     (dict(method="bilinear", spatial_scale=0.5), ValueError, "spatial_scale must be 1.0 for method='bilinear'"),
     (dict(n_threads=0), ValueError, "n_threads = 0 is invalid"),
     (dict(spatial_scale=-1.0), ValueError, "spatial_scale must be positive"),

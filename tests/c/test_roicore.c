@@ -226,6 +226,62 @@ static void openvino_vectors(void) {
     }
 }
 
+/* TensorFlow's crop_and_resize on arange(9) as a 3 x 3 map: nearest sampling rounds halves
+ * away from zero (samples at 0.5 and 1.5 take rows 1 and 2), its gradient adds to the same
+ * pixels, and CropAndResizeGradBoxes' numbers for the map squared (crops of 2 x 2 and 1 x 1,
+ * the latter through its double-precision centre term), all as TensorFlow 2.21 computes
+ * them. */
+static void tensorflow_crops(void) {
+    const int64_t batch[] = {0};
+    for (int d = 0; d < 2; ++d) {
+        array x = arange(DTYPES[d], 9, 0, 1), sq = new_array(DTYPES[d], 9);
+        for (int i = 0; i < 9; ++i) set(sq, i, (double)(i * i));
+        roicore_tensor tx = tensor(x, 1, 1, 3, 3), tsq = tensor(sq, 1, 1, 3, 3);
+        roicore_error err;
+        static const double quarter[] = {0.25, 0.25, 0.75, 0.75}, want_n[] = {4, 4, 5, 7, 7, 8};
+        array c = coords_of(DTYPES[d], quarter, 1), out = new_array(DTYPES[d], 6);
+        roicore_tensor to = tensor(out, 1, 1, 2, 3);
+        roicore_boxes b = boxes_of(c, batch, 1);
+        CHECK(roicore_roi_pool_nearest_forward(&TF_BILINEAR, &tx, &b, 0.0, &to, &one_thread,
+                                               &err) == ROICORE_OK, "%s", err.message);
+        double got[9];
+        to_doubles(out, got);
+        check_values("nearest forward", got, want_n, 6, 0);
+        /* box [y 0.25..0.75, x 0..1] as [x1, y1, x2, y2]: samples at rows 1, 2, columns 0, 2 */
+        static const double wide[] = {0, 0.25, 1, 0.75}, want_dx[] = {0, 0, 0, 1, 0, 2, 3, 0, 4};
+        array wc = coords_of(DTYPES[d], wide, 1), g = arange(DTYPES[d], 4, 1, 1);
+        array dx = new_array(DTYPES[d], 9);
+        roicore_tensor tg = tensor(g, 1, 1, 2, 2), tdx = tensor(dx, 1, 1, 3, 3);
+        roicore_boxes wb = boxes_of(wc, batch, 1);
+        CHECK(roicore_roi_pool_nearest_backward(&TF_BILINEAR, &tg, &wb, &tdx, &three_threads,
+                                                &err) == ROICORE_OK, "%s", err.message);
+        to_doubles(dx, got);
+        check_values("nearest backward", got, want_dx, 9, 0);
+        /* the box gradient, float32 only: it is TF's arithmetic (in float64 the 1 x 1 crop's
+         * centre, 0.1f + 0.9f, no longer falls on row 1) */
+        static const double box[] = {0.2f, 0.1f, 0.7f, 0.9f};
+        static const double want_b[] = {75.20000457763672, 92.39999389648438, 127.19999694824219,
+                                        459.60003662109375};
+        static const double want_c[] = {7, 0, 7, 0};
+        array bc = coords_of(DTYPES[d], box, 1), gb = new_array(DTYPES[d], 4);
+        roicore_boxes bb = boxes_of(bc, batch, 1);
+        CHECK(roicore_roi_pool_bilinear_boxes_backward(&TF_BILINEAR, &tg, &tsq, &bb, gb.data,
+                                                       &one_thread, &err) == ROICORE_OK,
+              "%s", err.message);
+        to_doubles(gb, got);
+        if (d == 0) check_values("box gradient 2x2", got, want_b, 4, 0);
+        array one = arange(DTYPES[d], 1, 1, 0);
+        roicore_tensor t1 = tensor(one, 1, 1, 1, 1);
+        CHECK(roicore_roi_pool_bilinear_boxes_backward(&TF_BILINEAR, &t1, &tsq, &bb, gb.data,
+                                                       &one_thread, &err) == ROICORE_OK,
+              "%s", err.message);
+        to_doubles(gb, got);
+        if (d == 0) check_values("box gradient 1x1", got, want_c, 4, 0);
+        free(x.data); free(sq.data); free(c.data); free(out.data); free(wc.data); free(g.data);
+        free(dx.data); free(bc.data); free(gb.data); free(one.data);
+    }
+}
+
 /* MXNet PSROIPooling: arange(288) as 8 x 6 x 6, output_dim 2, pooled and group size 2. */
 static void mxnet_psroi(void) {
     static const double boxes[] = {0, 0, 3, 3, 1, 1, 5, 4};
@@ -315,8 +371,9 @@ static void thread_invariance(void) {
         int64_t *arg[2];
         const char *what[] = {"max forward", "max backward", "bilinear forward",
                               "bilinear backward", "align forward", "align backward",
-                              "psroi forward", "psroi backward"};
-        for (int op = 0; op < 8; ++op) {
+                              "psroi forward", "psroi backward", "nearest forward",
+                              "nearest backward", "box gradient"};
+        for (int op = 0; op < 11; ++op) {
             for (int t = 0; t < 2; ++t) {
                 const roicore_exec *ex = t ? &three_threads : &one_thread;
                 out[t] = new_array(dt, K * C * P * P);
@@ -341,10 +398,13 @@ static void thread_invariance(void) {
                 case 5: rc = roicore_roi_align_backward(&MXNET_ALIGN, &tg, &b, 0.9, 2, 1, &tdx, ex, &err); break;
                 case 6: rc = roicore_psroi_pool_forward(&MXNET_PSROI, &tx, &b, 0.9, 1, 2, &tps, ex, &err); break;
                 case 7: rc = roicore_psroi_pool_backward(&MXNET_PSROI, &tgps, &b, 0.9, 1, 2, &tdx, ex, &err); break;
+                case 8: rc = roicore_roi_pool_nearest_forward(&TF_BILINEAR, &tx, &nb, 0.5, &to, ex, &err); break;
+                case 9: rc = roicore_roi_pool_nearest_backward(&TF_BILINEAR, &tg, &nb, &tdx, ex, &err); break;
+                case 10: rc = roicore_roi_pool_bilinear_boxes_backward(&TF_BILINEAR, &tg, &tx, &nb, out[t].data, ex, &err); break;
                 }
                 CHECK(rc == ROICORE_OK, "%s: %s", what[op], err.message);
             }
-            int backward = op % 2 == 1;
+            int backward = op % 2 == 1 && op != 10;  /* the box gradient writes into out */
             size_t bytes = (size_t)(backward ? dx[0].n : out[0].n) * (dt == ROICORE_FLOAT32 ? 4 : 8);
             CHECK(memcmp(backward ? dx[0].data : out[0].data, backward ? dx[1].data : out[1].data,
                          bytes) == 0, "%s %s differs between 1 and 3 threads", what[op],
@@ -587,6 +647,27 @@ static void bad_input(void) {
     EXPECT(roicore_batch_from_counts(counts, ROICORE_INT32, 2, 2, out_batch, &err), ROICORE_ERR_VALUE);
     const int32_t indices[] = {0, 3};
     EXPECT(roicore_batch_from_indices(indices, ROICORE_INT32, 2, 2, out_batch, &err), ROICORE_ERR_VALUE);
+    /* the box gradient: TensorFlow's rules only, an output, apart from the inputs */
+    array gb = new_array(ROICORE_FLOAT32, 8), nrm = coords_of(ROICORE_FLOAT32, (const double[]){0.1, 0.1, 0.6, 0.7, 0.2, 0.3, 0.9, 0.8}, 2);
+    roicore_boxes nbx = boxes_of(nrm, batch, 2);
+    EXPECT(roicore_roi_pool_bilinear_boxes_backward(&OPENVINO_BILINEAR, &tg, &tx, &nbx, gb.data, NULL, &err), ROICORE_ERR_UNSUPPORTED);
+    EXPECT(roicore_roi_pool_bilinear_boxes_backward(&TF_BILINEAR, &tg, &tx, &nbx, NULL, NULL, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_roi_pool_bilinear_boxes_backward(&TF_BILINEAR, &tg, &tx, &nbx, x.data, NULL, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_roi_pool_bilinear_boxes_backward(&TF_BILINEAR, &tg, &tx, &nbx, (char *)gb.data + 2, NULL, &err), ROICORE_ERR_ARGUMENT);
+    roicore_tensor narrow = tensor(g, 2, 2, 2, 3);  /* C = 2 for a map of 3 */
+    EXPECT(roicore_roi_pool_bilinear_boxes_backward(&TF_BILINEAR, &narrow, &tx, &nbx, gb.data, NULL, &err), ROICORE_ERR_ARGUMENT);
+    batch[1] = 2;
+    EXPECT(roicore_roi_pool_bilinear_boxes_backward(&TF_BILINEAR, &tg, &tx, &nbx, gb.data, NULL, &err), ROICORE_ERR_VALUE);
+    EXPECT(roicore_roi_pool_nearest_forward(&TF_BILINEAR, &tx, &nbx, 0.0, &to, NULL, &err), ROICORE_ERR_VALUE);
+    batch[1] = -1;
+    nbx.masked = 1;  /* masked: a zero gradient, no error */
+    for (int i = 0; i < 8; ++i) set(gb, i, 99);
+    CHECK(roicore_roi_pool_bilinear_boxes_backward(&TF_BILINEAR, &tg, &tx, &nbx, gb.data, NULL, &err) == ROICORE_OK, "%s", err.message);
+    for (int i = 4; i < 8; ++i) CHECK(get(gb, i) == 0, "masked box gradient[%d] = %g", i, get(gb, i));
+    batch[1] = 1;
+    set(nrm, 1, INFINITY);
+    EXPECT(roicore_roi_pool_nearest_backward(&TF_BILINEAR, &tg, &nbx, &tdx, NULL, &err), ROICORE_ERR_VALUE);
+    free(gb.data); free(nrm.data);
     /* memory limit and a stop request */
     int64_t limit = roicore_get_memory_limit();
     roicore_set_memory_limit(1024);
@@ -612,6 +693,7 @@ int main(void) {
     mxnet_backward_routing();
     paddle_and_deepsense();
     openvino_vectors();
+    tensorflow_crops();
     mxnet_psroi();
     roi_align_vectors();
     thread_invariance();

@@ -124,6 +124,42 @@ def test_roi_pool_bilinear_matches_reference(convention, case, fill):
                                                    rules))
 
 
+@pytest.mark.parametrize("convention", sorted(BILINEAR_POOL))
+@given(case=cases(normalised=True), fill=st.sampled_from([0.0, -1.5]), halves=st.booleans())
+def test_roi_pool_nearest_matches_reference(convention, case, fill, halves):
+    rules = BILINEAR_POOL[convention]
+    rois = case.rois.copy()
+    if halves:  # samples on pixel halves, where rounding goes away from zero
+        rois[:, 1:] = np.round(rois[:, 1:] * 4) / 4
+    boxes = rois[:, 1:]
+    y = rc.roi_pool(case.x, rois, case.output_size, method="nearest", convention=convention,
+                    extrapolation_value=fill)
+    assert_same(y, ref.roi_pool_nearest(case.x, boxes, case.batch, case.output_size, rules, fill))
+    g = np.random.default_rng(2).standard_normal(y.shape).astype(y.dtype)
+    dx = rc.roi_pool_backward(g, rois, case.x.shape, method="nearest", convention=convention)
+    assert_same(dx, ref.roi_pool_nearest_backward(g, boxes, case.batch, case.x.shape, rules))
+
+
+@given(case=cases(normalised=True))
+def test_roi_pool_boxes_backward_matches_reference(case):
+    g = np.random.default_rng(3).standard_normal(
+        (case.rois.shape[0], case.x.shape[1]) + tuple(case.output_size)).astype(case.x.dtype)
+    got = rc.roi_pool_boxes_backward(g, case.x, case.rois)
+    assert_same(got, ref.roi_pool_bilinear_boxes_backward(g, case.x, case.boxes, case.batch))
+    # the same boxes as (K, 4) with batch indices, NHWC-free: the same gradient
+    assert_same(rc.roi_pool_boxes_backward(g, case.x, case.boxes, batch_indices=case.batch), got)
+
+
+@pytest.mark.parametrize("convention", ["openvino", "openvino_cpu"])
+def test_roi_pool_boxes_backward_is_tensorflows_only(convention):
+    x = np.ones((1, 2, 4, 4), np.float32)
+    with pytest.raises(NotImplementedError, match=r"the box gradient is TensorFlow's "
+                                                  r"\(CropAndResizeGradBoxes\): it needs rules "
+                                                  r"with pin_last=0 and fused_lerp=0"):
+        rc.roi_pool_boxes_backward(np.ones((1, 2, 2, 2), np.float32), x, [[0, 0, 0, 1, 1]],
+                                   convention=convention)
+
+
 # --- position-sensitive RoI pooling ---------------------------------------------------
 
 @pytest.mark.parametrize("convention", sorted(PSROI_POOL))
@@ -210,6 +246,29 @@ def test_roi_pool_bilinear_gradient_matches_finite_differences(convention):
                                              convention=convention), x)
 
 
+def test_roi_pool_nearest_gradient_matches_finite_differences():
+    """Nearest sampling is linear in x (a selection), so its gradient is exact."""
+    x = np.random.default_rng(4).standard_normal((2, 2, 6, 7))
+    boxes = np.array([[0, 0.1, 0.05, 0.83, 0.9], [1, -0.2, 0.3, 0.6, 1.1], [1, 0.7, 0.6, 0.2, 0.1]])
+    _fd_check(lambda v: rc.roi_pool(v, boxes, (3, 4), method="nearest"),
+              lambda g: rc.roi_pool_backward(g, boxes, x.shape, method="nearest"), x)
+
+
+@pytest.mark.parametrize("output_size", [(3, 4), (1, 5), (4, 1)])
+def test_roi_pool_boxes_backward_matches_finite_differences(output_size):
+    """Away from pixel edges the bilinear crop is smooth in the boxes (float64)."""
+    x = np.random.default_rng(5).standard_normal((2, 3, 6, 7))
+    boxes = np.array([[0.13, 0.21, 0.71, 0.83], [0.9, 0.77, 0.31, 0.12], [0.05, 0.43, 0.6, 0.47]])
+    batch = np.array([1, 0, 1])
+    g = np.random.default_rng(6).standard_normal((3, 3) + output_size)
+    analytic = rc.roi_pool_boxes_backward(g, x, boxes, batch_indices=batch)
+    numeric = ref.numeric_grad(lambda b: float(np.sum(rc.roi_pool(
+        x, b, output_size, batch_indices=batch, method="bilinear", convention="tensorflow") * g)),
+        boxes, eps=1e-7)
+    assert np.any(analytic)
+    np.testing.assert_allclose(analytic, numeric, rtol=1e-5, atol=1e-6)
+
+
 def test_psroi_pool_gradient_matches_finite_differences():
     x = np.random.default_rng(2).standard_normal((2, 2 * 6, 7, 6))
     boxes = np.array([[0, 0, 0, 5, 6], [1, 1.6, 0.4, 4.2, 6.7], [0, 4, 4, 1, 1]])
@@ -228,7 +287,7 @@ def test_roi_align_gradient_matches_finite_differences(convention, aligned):
 
 
 @given(case=cases(dtype=np.float64, max_hw=10, max_p=3), sampling_ratio=st.sampled_from([-1, 2]),
-       aligned=st.booleans(), op=st.sampled_from(["bilinear", "psroi", "align"]))
+       aligned=st.booleans(), op=st.sampled_from(["bilinear", "nearest", "psroi", "align"]))
 def test_linear_operators_satisfy_the_adjoint_identity(case, sampling_ratio, aligned, op):
     """<forward(u), g> == <u, backward(g)> for the operators that are linear in x."""
     rng = np.random.default_rng(9)
@@ -236,12 +295,12 @@ def test_linear_operators_satisfy_the_adjoint_identity(case, sampling_ratio, ali
         u = rng.standard_normal((case.x.shape[0], 2 * np.prod(case.output_size)) + case.x.shape[2:])
         fwd = lambda v: rc.psroi_pool(v, case.rois, case.output_size, case.spatial_scale)
         bwd = lambda g: rc.psroi_pool_backward(g, case.rois, u.shape, case.spatial_scale)
-    elif op == "bilinear":
+    elif op in ("bilinear", "nearest"):
         u = case.x
         rois = case.rois.copy()
         rois[:, 1:] = rng.uniform(-0.2, 1.2, rois[:, 1:].shape)
-        fwd = lambda v: rc.roi_pool(v, rois, case.output_size, method="bilinear")
-        bwd = lambda g: rc.roi_pool_backward(g, rois, u.shape, method="bilinear")
+        fwd = lambda v: rc.roi_pool(v, rois, case.output_size, method=op)
+        bwd = lambda g: rc.roi_pool_backward(g, rois, u.shape, method=op)
     else:
         u = case.x
         args = (case.spatial_scale, sampling_ratio, aligned)
@@ -272,6 +331,11 @@ def _thread_cases():
     yield "roi_pool bilinear", lambda n: rc.roi_pool(x, norm, 7, method="bilinear", n_threads=n)
     yield "roi_pool bilinear backward", lambda n: rc.roi_pool_backward(
         y7, norm, x.shape, method="bilinear", n_threads=n)
+    yield "roi_pool nearest", lambda n: rc.roi_pool(x, norm, 7, method="nearest", n_threads=n)
+    yield "roi_pool nearest backward", lambda n: rc.roi_pool_backward(
+        y7, norm, x.shape, method="nearest", n_threads=n)
+    g7 = rng.standard_normal((80, 24, 7, 7)).astype(np.float32)
+    yield "roi_pool boxes backward", lambda n: rc.roi_pool_boxes_backward(g7, x, norm, n_threads=n)
     yield "psroi_pool", lambda n: rc.psroi_pool(ps_x, rois, 7, 1 / 16, n_threads=n)
     yield "psroi_pool backward", lambda n: rc.psroi_pool_backward(
         np.ones((80, 2, 7, 7), np.float32), rois, ps_x.shape, 1 / 16, n_threads=n)

@@ -231,7 +231,8 @@ class TestMethodConventionFlags:
     def test_unknown_method(self, fn, method):
         first = X if fn is rc.roi_pool else np.ones((2, C, PS, PS), np.float32)
         third = PS if fn is rc.roi_pool else X.shape
-        with pytest.raises(ValueError, match=r"method must be one of \('max', 'bilinear'\), got "
+        with pytest.raises(ValueError, match=r"method must be one of \('max', 'bilinear', "
+                                             r"'nearest'\), got "
                                              + re.escape(repr(method))):
             fn(first, BOXES, third, method=method)
 
@@ -246,6 +247,7 @@ class TestMethodConventionFlags:
     @pytest.mark.parametrize("op, other", [
         ("roi_pool_max", "tensorflow"), ("roi_pool_bilinear", "mxnet"),
         ("roi_pool_backward_max", "tensorflow"), ("roi_pool_backward_bilinear", "paddle"),
+        ("roi_pool_nearest", "mxnet"), ("roi_pool_backward_nearest", "torchvision"),
         ("psroi_pool", "torchvision"), ("psroi_pool_backward", "openvino"),
         ("roi_align", "openvino"), ("roi_align_backward", "tensorflow"),
     ])
@@ -278,9 +280,10 @@ class TestMethodConventionFlags:
             with pytest.raises(TypeError, match=rf"or a {rules_name}, got {type(wrong).__name__}"):
                 call(op, convention=wrong)
 
-    def test_return_argmax_with_bilinear(self):
+    @pytest.mark.parametrize("op", ["roi_pool_bilinear", "roi_pool_nearest"])
+    def test_return_argmax_with_a_crop_method(self, op):
         with pytest.raises(ValueError, match=r"return_argmax=True needs method='max'"):
-            call("roi_pool_bilinear", return_argmax=True)
+            call(op, return_argmax=True)
 
     @pytest.mark.parametrize("flag, tname", [(1, "int"), ("yes", "str"), (None, "NoneType")])
     def test_return_argmax_type(self, flag, tname):

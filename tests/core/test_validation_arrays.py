@@ -11,6 +11,7 @@ import re
 import numpy as np
 import pytest
 
+import roicore.core as rc
 from roicore.core import _binding
 from opcalls import (
     N, C, H, W, PS, X, BOXES, FORWARD, BACKWARD, ALL_OPS, ALIGN_OPS, COORD_OPS,
@@ -84,7 +85,7 @@ class TestFeatureMapAndGradient:
             call(op, grad=g)
 
     @pytest.mark.parametrize("op", ["roi_pool_backward_max", "roi_pool_backward_bilinear",
-                                    "roi_align_backward"])
+                                    "roi_pool_backward_nearest", "roi_align_backward"])
     def test_grad_wrong_channels(self, op):
         g = np.ones((2, C - 3, PS, PS), np.float32)
         with pytest.raises(ValueError, match=re.escape(f"grad_output must have shape "
@@ -426,3 +427,69 @@ def test_batch_column_fast_path_and_its_fallback():
         with pytest.raises(ValueError, match=r"boxes\[1, 0\] \(batch index\) " + match
                            if "range" not in match else r"boxes\[:, 0\]\[1\] = .* " + match):
             _validate.boxes_and_batch(rois, None, 3, np.float32)
+
+
+class TestBoxesBackward:
+    """roi_pool_boxes_backward(grad_output, x, boxes): the arrays it takes, checked before
+    the kernel runs; then the C entry point's own checks, called directly."""
+
+    G = np.ones((2, C, PS, PS), np.float32)
+    NB = default_boxes("roi_pool_bilinear")
+
+    @pytest.mark.usefixtures("no_kernels")
+    @pytest.mark.parametrize("kwargs, exc, message", [
+        (dict(x=np.zeros((C, H, W), np.float32)), ValueError, r"x must be a 4-D \(N, C, H, W\)"),
+        (dict(grad_output=np.ones((2, C, PS), np.float32)), ValueError,
+         r"grad_output must be a 4-D \(K, C, PH, PW\)"),
+        (dict(grad_output=np.ones((2, C, PS, PS), np.float64)), TypeError,
+         r"grad_output must have the dtype of x \(float32\), got float64"),
+        (dict(grad_output=np.ones((3, C, PS, PS), np.float32)), ValueError,
+         r"grad_output must have shape \(2, 8, 2, 2\), got \(3, 8, 2, 2\)"),
+        (dict(grad_output=np.ones((2, C - 1, PS, PS), np.float32)), ValueError,
+         r"grad_output must have shape \(2, 8, 2, 2\)"),
+        (dict(boxes=np.zeros((2, 3), np.float32)), ValueError, r"boxes must have shape \(K, 5\)"),
+        (dict(boxes=with_value(NB, (1, 0), 2)), ValueError,
+         r"boxes\[:, 0\]\[1\] = 2 is out of range"),
+        (dict(boxes=with_value(NB, (0, 2), np.nan)), ValueError, "boxes"),
+        (dict(out=np.zeros((2, 5), np.float32)), ValueError, r"out must be a float32 array of "
+                                                             r"shape \(2, 4\)"),
+        (dict(convention="mxnet"), ValueError, r"convention must be one of .*got 'mxnet'"),
+    ])
+    def test_rejected(self, kwargs, exc, message):
+        args = {"grad_output": self.G, "x": X, "boxes": self.NB, **kwargs}
+        with pytest.raises(exc, match=message):
+            rc.roi_pool_boxes_backward(args.pop("grad_output"), args.pop("x"), args.pop("boxes"), **args)
+
+    def test_out_is_written_and_returned(self):
+        want = rc.roi_pool_boxes_backward(self.G, X, self.NB)
+        out = np.full((2, 4), np.nan, np.float32)
+        assert rc.roi_pool_boxes_backward(self.G, X, self.NB, out=out) is out
+        assert np.array_equal(out, want) and want.shape == (2, 4) and np.any(want)
+
+    def test_entry_point_checks(self):
+        """The C entry point refuses what the Python layer would have refused, and a masked
+        box (negative batch index) gets a zero gradient."""
+        from roicore.core.conventions import BILINEAR_POOL
+        rules = BILINEAR_POOL["tensorflow"]
+        coords = np.ascontiguousarray(self.NB[:, 1:])
+        batch = np.array([0, 1], np.int64)
+        grad = np.zeros((2, 4), np.float32)
+        _binding.roi_pool_bilinear_boxes_backward(rules, self.G, X, coords, batch, grad, 1)
+        assert np.any(grad)
+        masked = np.array([-1, 1], np.int64)
+        _binding.roi_pool_bilinear_boxes_backward(rules, self.G, X, coords, masked, grad, 1,
+                                                  masked=True)
+        assert not np.any(grad[0]) and np.any(grad[1])
+        with pytest.raises(ValueError, match="batch index -1 of box 0 is out of range"):
+            _binding.roi_pool_bilinear_boxes_backward(rules, self.G, X, coords, masked, grad, 1)
+        aliased = X.reshape(-1)[:8].reshape(2, 4)  # a view of x
+        with pytest.raises(ValueError, match="grad_boxes must not share memory with x"):
+            _binding.roi_pool_bilinear_boxes_backward(rules, self.G, X, coords, batch, aliased, 1)
+        narrow = np.ones((2, C - 1, PS, PS), np.float32)
+        with pytest.raises(ValueError, match=r"grad_output must have shape \(2, 8, 2, 2\), got "
+                                             r"\(2, 7, 2, 2\)"):
+            _binding.roi_pool_bilinear_boxes_backward(rules, narrow, X, coords, batch, grad, 1)
+        with pytest.raises(ValueError, match="boxes coordinates must be finite, got inf in box 1"):
+            bad = coords.copy()
+            bad[1, 2] = np.inf
+            _binding.roi_pool_bilinear_boxes_backward(rules, self.G, X, bad, batch, grad, 1)

@@ -41,13 +41,17 @@ def make_case(seed):
     """Everything one case needs, from its seed."""
     np, reference, rc, conventions, BOX_KINDS, SCALES, feature_box = _imports()
     rng = np.random.default_rng(seed)
-    op = str(rng.choice(["max", "bilinear", "psroi", "align"]))
+    op = str(rng.choice(["max", "bilinear", "nearest", "boxes", "psroi", "align"]))
+    crop = op in CROP_OPS
     backward = bool(rng.random() < 0.5)
     dtype = np.float32 if rng.random() < 0.6 else np.float64
     N, H, W = int(rng.integers(1, 4)), int(rng.integers(1, 14)), int(rng.integers(1, 14))
     PH, PW = (int(v) for v in rng.integers(1, 6, 2))
     K = int(rng.integers(0, 9))
     table = {"max": conventions.MAX_POOL, "bilinear": conventions.BILINEAR_POOL,
+             "nearest": conventions.BILINEAR_POOL,
+             # the box gradient is TensorFlow's only
+             "boxes": {"tensorflow": conventions.BILINEAR_POOL["tensorflow"]},
              "psroi": conventions.PSROI_POOL, "align": conventions.ROI_ALIGN}[op]
     convention = str(rng.choice(sorted(table)))
     group = None
@@ -57,12 +61,14 @@ def make_case(seed):
         C = D * group[0] * group[1]
     else:
         C = int(rng.choice([1, 2, 3, 8, 9, 33, 64, 70]))
-    scale = 1.0 if op == "bilinear" else float(rng.choice(SCALES))
+    scale = 1.0 if crop else float(rng.choice(SCALES))
     x = rng.standard_normal((N, C, H, W)).astype(dtype)
     if rng.random() < 0.3:  # ties, for the first-maximum rules
         x = rng.integers(-2, 3, (N, C, H, W)).astype(dtype)
-    if op == "bilinear":
+    if crop:
         boxes = rng.uniform(-0.5, 1.5, (K, 4))
+        if rng.random() < 0.3:  # samples on exact pixel halves (nearest rounds them)
+            boxes = np.round(boxes * 4) / 4
     else:
         kinds = rng.choice(BOX_KINDS, K)
         boxes = np.array([feature_box(rng, str(k), H, W) for k in kinds], np.float64).reshape(K, 4)
@@ -78,7 +84,7 @@ def make_case(seed):
         elif hostile == "inf":
             boxes[k, j] = -np.inf
         elif hostile == "far":
-            boxes[k, j] = 3e9 / (W if op == "bilinear" else scale)
+            boxes[k, j] = 3e9 / (W if crop else scale)
         else:
             batch[k] = N if rng.random() < 0.5 else -1
     grad_shape = (K, C // (group[0] * group[1]) if op == "psroi" else C, PH, PW)
@@ -92,6 +98,9 @@ def make_case(seed):
     return case
 
 
+CROP_OPS = ("bilinear", "nearest", "boxes")
+
+
 def _core(case, n_threads):
     _, _, rc, *_ = _imports()
     c = case
@@ -102,11 +111,14 @@ def _core(case, n_threads):
         if not c["backward"]:
             return y, a
         return (rc.roi_pool_backward(c["grad"], b, x.shape, s, argmax=a, **kw),)
-    if c["op"] == "bilinear":
+    if c["op"] == "boxes":
+        return (rc.roi_pool_boxes_backward(c["grad"], x, b, **kw),)
+    if c["op"] in CROP_OPS:
+        method = c["op"]
         if not c["backward"]:
-            return (rc.roi_pool(x, b, P, method="bilinear", extrapolation_value=c["extrapolation"],
+            return (rc.roi_pool(x, b, P, method=method, extrapolation_value=c["extrapolation"],
                                 **kw),)
-        return (rc.roi_pool_backward(c["grad"], b, x.shape, method="bilinear", **kw),)
+        return (rc.roi_pool_backward(c["grad"], b, x.shape, method=method, **kw),)
     if c["op"] == "psroi":
         if not c["backward"]:
             return (rc.psroi_pool(x, b, P, s, group_size=c["group"], **kw),)
@@ -125,10 +137,16 @@ def _reference(case):
         y, a = reference.roi_pool_max(x, b, batch, P, s, rules)
         return (y, a) if not c["backward"] else (
             reference.roi_pool_max_backward(c["grad"], a, batch, x.shape, rules),)
-    if c["op"] == "bilinear":
+    if c["op"] == "boxes":
+        return (reference.roi_pool_bilinear_boxes_backward(c["grad"], x, b, batch),)
+    if c["op"] in ("bilinear", "nearest"):
+        forward, backward = {
+            "bilinear": (reference.roi_pool_bilinear, reference.roi_pool_bilinear_backward),
+            "nearest": (reference.roi_pool_nearest, reference.roi_pool_nearest_backward),
+        }[c["op"]]
         if not c["backward"]:
-            return (reference.roi_pool_bilinear(x, b, batch, P, rules, c["extrapolation"]),)
-        return (reference.roi_pool_bilinear_backward(c["grad"], b, batch, x.shape, rules),)
+            return (forward(x, b, batch, P, rules, c["extrapolation"]),)
+        return (backward(c["grad"], b, batch, x.shape, rules),)
     if c["op"] == "psroi":
         D = x.shape[1] // (c["group"][0] * c["group"][1])
         if not c["backward"]:
