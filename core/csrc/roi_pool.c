@@ -138,10 +138,11 @@ int roicore_roi_pool_max_backward(const roicore_max_pool_rules *rules,
     roicore_run run;
     roicore_run_init(&run, exec);
     const int global = rules->argmax == ROICORE_ARGMAX_GLOBAL;
-    const int64_t bad = dx->dtype == ROICORE_FLOAT32
-                            ? max_backward_f32(g, argmax, argmax_type, boxes->batch, global, dx, &run)
-                            : max_backward_f64(g, argmax, argmax_type, boxes->batch, global, dx, &run);
-    if (bad < 0) return roicore_run_status(&run, err);
+    int64_t bad = 0;
+    rc = dx->dtype == ROICORE_FLOAT32
+             ? max_backward_f32(g, argmax, argmax_type, boxes->batch, global, dx, &run, &bad, err)
+             : max_backward_f64(g, argmax, argmax_type, boxes->batch, global, dx, &run, &bad, err);
+    if (rc) return rc;
     if (bad > 0) {
         if (global)
             return roicore_fail(err, ROICORE_ERR_VALUE,

@@ -132,63 +132,101 @@ static int TYPED(max_forward)(const roicore_max_pool_rules *rules, const roicore
  * the run read as one contiguous piece; per channel the additions keep the frameworks'
  * (box, ph, pw) order, so no atomics are needed and every thread count gives the same
  * bits.  Threads take the tasks one at a time, so one that falls behind does not set the
- * pace.  An index that is neither -1 nor a pixel of its own (box, channel) plane is
- * skipped, never followed, and counted: validating in the same pass saves a read of the
- * whole argmax.  Returns the count, or -1 when the call stopped. */
+ * pace.  An NHWC dx is scattered into NCHW scratch and transposed into place once at the
+ * end: each run writing its slice of every NHWC row (or scattering with a stride of C)
+ * moved the whole of dx through the caches once per run.  An NHWC grad_output and argmax
+ * are read through a per-thread (channel, bin) copy of each box's slice, a chunk of bins
+ * at a time: their rows lie C values apart, and a box's rows then share a few L1 sets.
+ * An index that is neither -1 nor a pixel of its own (box, channel) plane
+ * is skipped, never followed, and counted in *n_bad: validating in the same pass saves a
+ * read of the whole argmax. */
 #define SCATTER_BYTES (256 << 10)
-static int64_t TYPED(max_backward)(const roicore_tensor *g, const void *argmax,
-                                   roicore_index_type type, const int64_t *batch, int global,
-                                   const roicore_tensor *dx, roicore_run *run) {
+static int TYPED(max_backward)(const roicore_tensor *g, const void *argmax,
+                               roicore_index_type type, const int64_t *batch, int global,
+                               const roicore_tensor *dx, roicore_run *run, int64_t *n_bad_out,
+                               roicore_error *err) {
     const int64_t K = g->n, C = g->c, P = g->h * g->w, N = dx->n, HW = dx->h * dx->w;
     const int64_t part = roicore_max64(1, SCATTER_BYTES / (HW * (int64_t)sizeof(T)));
     const int64_t n_parts = (C + part - 1) / part;
     const int nchw_g = g->layout == ROICORE_NCHW, nchw_dx = dx->layout == ROICORE_NCHW;
-    /* element strides: a plane's pixels (dx) and a box's bins (g, argmax) */
-    const int64_t dx_step = nchw_dx ? 1 : C, g_step = nchw_g ? 1 : C;
+    const int nt = run->n_threads;
+    const int64_t isz = (int64_t)roicore_index_size(type);
+    const int64_t bins = roicore_min64(P, 4096);  /* a chunk of an NHWC box's bins */
+    const int64_t dx_bytes = nchw_dx ? 0 : roicore_round_up(roicore_tensor_bytes(dx), 64);
+    const int64_t thread_bytes =
+        nchw_g ? 0 : roicore_round_up(part * bins * ((int64_t)sizeof(T) + isz), 64);
+    char *scratch = NULL;
+    if (!nchw_dx || !nchw_g) {
+        scratch = (char *)roicore_scratch(dx_bytes + nt * thread_bytes,
+                                          "the gradient's NCHW copies", err);
+        if (!scratch) return err ? err->code : ROICORE_ERR_MEMORY;
+    }
     const T *gd = (const T *)g->data;
-    T *dd = (T *)dx->data;
+    T *dd = nchw_dx ? (T *)dx->data : (T *)scratch;  /* NCHW planes */
     int64_t n_bad = 0;
     int64_t next = 0;
-#pragma omp parallel num_threads(run->n_threads) reduction(+ : n_bad)
+#pragma omp parallel num_threads(nt) reduction(+ : n_bad)
     for (int64_t i = roicore_take(&next); i < n_parts; i = roicore_take(&next)) {
         const int64_t cs = i * part, ce = roicore_min64(cs + part, C);
-        for (int64_t n = 0; n < N; ++n) {
-            if (nchw_dx) {
-                memset(dd + (n * C + cs) * HW, 0, (size_t)((ce - cs) * HW) * sizeof(T));
-            } else {
-                for (int64_t v = 0; v < HW; ++v)
-                    memset(dd + (n * HW + v) * C + cs, 0, (size_t)(ce - cs) * sizeof(T));
-            }
-        }
+        for (int64_t n = 0; n < N; ++n)
+            memset(dd + (n * C + cs) * HW, 0, (size_t)((ce - cs) * HW) * sizeof(T));
+        char *mine = nchw_g ? NULL : scratch + dx_bytes + omp_get_thread_num() * thread_bytes;
+        T *g_run = (T *)mine;  /* NHWC: the slice, (channel, bin) */
+        void *a_run = nchw_g ? NULL : mine + part * bins * (int64_t)sizeof(T);
         for (int64_t k = 0; k < K; ++k) {
             const int64_t b = batch[k];
             if (b < 0) continue;  /* masked */
             if (roicore_stopping(run)) break;
-            for (int64_t c = cs; c < ce; ++c) {
-                T *plane = nchw_dx ? dd + (b * C + c) * HW : dd + b * HW * C + c;
-                const int64_t lo = global ? (b * C + c) * HW : 0;
-                const int64_t first = nchw_g ? (k * C + c) * P : k * P * C + c;
-                const T *gk = gd + first;
-                /* unsigned: an index far outside the plane cannot overflow the subtraction */
-                if (type == ROICORE_INT32) {
-                    const int32_t *a = (const int32_t *)argmax + first;
-                    for (int64_t p = 0; p < P; ++p) {
-                        const uint64_t v = (uint64_t)(int64_t)a[p * g_step] - (uint64_t)lo;
-                        if (v < (uint64_t)HW) plane[(int64_t)v * dx_step] += gk[p * g_step];
-                        else if (a[p * g_step] != -1) ++n_bad;
-                    }
-                } else {
-                    const int64_t *a = (const int64_t *)argmax + first;
-                    for (int64_t p = 0; p < P; ++p) {
-                        const uint64_t v = (uint64_t)a[p * g_step] - (uint64_t)lo;
-                        if (v < (uint64_t)HW) plane[(int64_t)v * dx_step] += gk[p * g_step];
-                        else if (a[p * g_step] != -1) ++n_bad;
+            for (int64_t p0 = 0; p0 < P; p0 += bins) {
+                const int64_t nbins = nchw_g ? P : roicore_min64(bins, P - p0);
+                if (!nchw_g) {
+                    const int64_t first = (k * P + p0) * C + cs;
+                    ROICORE_CAT(roicore_transpose, SFX)(gd + first, C, nbins, ce - cs, g_run, nbins, 0);
+                    if (type == ROICORE_INT32)
+                        roicore_transpose_i32((const int32_t *)argmax + first, C, nbins, ce - cs,
+                                              (int32_t *)a_run, nbins, 0);
+                    else
+                        roicore_transpose_i64((const int64_t *)argmax + first, C, nbins, ce - cs,
+                                              (int64_t *)a_run, nbins, 0);
+                }
+                for (int64_t c = cs; c < ce; ++c) {
+                    T *plane = dd + (b * C + c) * HW;
+                    const int64_t lo = global ? (b * C + c) * HW : 0;
+                    const int64_t first = nchw_g ? (k * C + c) * P : (c - cs) * nbins;
+                    const T *gk = (nchw_g ? gd : g_run) + first;
+                    const void *ak = (const char *)(nchw_g ? argmax : a_run) + first * isz;
+                    /* unsigned: an index far outside the plane cannot overflow the subtraction */
+                    if (type == ROICORE_INT32) {
+                        const int32_t *a = (const int32_t *)ak;
+                        for (int64_t p = 0; p < nbins; ++p) {
+                            const uint64_t v = (uint64_t)(int64_t)a[p] - (uint64_t)lo;
+                            if (v < (uint64_t)HW) plane[v] += gk[p];
+                            else if (a[p] != -1) ++n_bad;
+                        }
+                    } else {
+                        const int64_t *a = (const int64_t *)ak;
+                        for (int64_t p = 0; p < nbins; ++p) {
+                            const uint64_t v = (uint64_t)a[p] - (uint64_t)lo;
+                            if (v < (uint64_t)HW) plane[v] += gk[p];
+                            else if (a[p] != -1) ++n_bad;
+                        }
                     }
                 }
             }
         }
     }
-    return run->stop ? -1 : n_bad;
+    if (!nchw_dx) {  /* blocks of 64 channels: whole cache lines of each NHWC row */
+        const int64_t n_blocks = (C + 63) / 64;
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t t = 0; t < N * n_blocks; ++t) {
+            const int64_t n = t / n_blocks, c0 = t % n_blocks * 64, nb = roicore_min64(64, C - c0);
+            ROICORE_CAT(roicore_transpose, SFX)(dd + (n * C + c0) * HW, HW, nb, HW,
+                                                (T *)dx->data + n * HW * C + c0, C, 0);
+        }
+    }
+    roicore_scratch_free(scratch);
+    *n_bad_out = n_bad;
+    return roicore_run_status(run, err);
 }
 #undef SCATTER_BYTES
 

@@ -26,6 +26,18 @@ typedef int32_t roicore_v8i32 __attribute__((vector_size(32)));
 #undef TILE_4X4
 #undef SFX
 
+#define T int64_t
+#define VT4 roicore_vm64
+#define MT4 roicore_vm64
+#define TILE_4X4 1
+#define SFX i64
+#include "transpose_typed.h"
+#undef T
+#undef VT4
+#undef MT4
+#undef TILE_4X4
+#undef SFX
+
 #define T int32_t
 #define VT roicore_v8i32
 #define MT roicore_v8i32

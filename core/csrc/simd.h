@@ -19,6 +19,8 @@ void roicore_transpose_f64(const double *in, int64_t in_stride, int64_t R, int64
                            double *out, int64_t out_stride, int flags);
 void roicore_transpose_i32(const int32_t *in, int64_t in_stride, int64_t R, int64_t Cc,
                            int32_t *out, int64_t out_stride, int flags);
+void roicore_transpose_i64(const int64_t *in, int64_t in_stride, int64_t R, int64_t Cc,
+                           int64_t *out, int64_t out_stride, int flags);
 /* The same for int32 in, int64 out (a widening copy). */
 void roicore_transpose_i32_i64(const int32_t *in, int64_t in_stride, int64_t R, int64_t Cc,
                                int64_t *out, int64_t out_stride);
