@@ -1,6 +1,6 @@
 """Adapter tests: frameworks are optional locally and required in CI.
 
-Importing TensorFlow before Paddle segfaults Paddle's native core (oracles.md), so Paddle
+Importing TensorFlow before Paddle segfaults Paddle's native core, so Paddle
 is imported first, here, before any test module is collected; the suite then passes in
 any collection order, in one process.
 """
