@@ -217,7 +217,7 @@ def _apply(op, name, images, boxes, box_indices, data_format, n_threads, out_hw,
     and bring the result back to the images' device."""
     _refuse_xla(op)
     data_format = _data_format(data_format)
-    # eager ops carry no names, and the scope cost 9 us per call
+    # eager ops carry no names, so eager calls skip the scope and its cost
     with tf.name_scope(name or op) if not tf.executing_eagerly() else contextlib.nullcontext():
         images = _images(images, data_format)
         boxes, box_indices = _boxes(boxes, box_indices)

@@ -8,10 +8,10 @@ limit, so both sides use one value).
 
 A fresh NumPy array of a few hundred MB comes from ``mmap``, and the kernel zeroes each of
 its pages on first touch; ``free`` hands them straight back.  For RoI outputs that is a
-large share of a call: filling a fresh 200 MB array took 23 ms here against 10.5 ms for a
-reused one, and 240-270 ms once the pages had sat freed for 2 s, when these VMs return
-free memory to the host and must fault it back in.  The frameworks' own ops never pay
-this: Paddle, MXNet and TensorFlow allocate from caching allocators that keep freed memory.
+large share of a call, larger still on virtual machines that return freed memory to their
+host and must fault it back in (docs/performance.md gives the figures).  The frameworks'
+own ops never pay this: Paddle, MXNet and TensorFlow allocate from caching allocators that
+keep freed memory.
 
 So roicore.core does likewise for outputs of at least ``MIN_BYTES`` (32 MiB): when the last array
 using a block is gone, the block goes to an idle list instead of back to the system, and
@@ -34,8 +34,8 @@ ALIGNMENT = 64
 # Smaller requests skip the cache.  glibc's malloc raises its mmap threshold to the size
 # of any mapped block freed, up to 32 MiB, so below that freed outputs stay in its heap
 # and come back without page faults anyway, while the cache's Python bookkeeping (lock,
-# lease, array interface) cost 36 us of a 0.5 ms PS-RoI forward (1.2 MB output) and 57 us
-# of its backward (7.8 MB).  Above it every fresh array is a new mapping.
+# lease, array interface) is a noticeable share of a sub-millisecond call such as a PS-RoI
+# forward.  Above it every fresh array is a new mapping.
 MIN_BYTES = 32 << 20
 # A block may serve a request up to this fraction smaller than itself, so that outputs
 # whose row count varies a little from call to call (proposals after NMS) still reuse it.

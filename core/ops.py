@@ -58,7 +58,7 @@ _CROP_METHODS = ("bilinear", "nearest")
 def _scale_for(rules, spatial_scale, dtype):
     """spatial_scale as the framework holds it: a C float attribute, or the input dtype."""
     held_type = np.float32 if rules.scale_precision == "float32" else np.dtype(dtype).type
-    if 1e-30 < spatial_scale < 1e30:  # no overflow or underflow to warn about (errstate: ~4 us)
+    if 1e-30 < spatial_scale < 1e30:  # no overflow or underflow to warn about: skip errstate
         held = float(held_type(spatial_scale))
     else:
         with np.errstate(over="ignore", under="ignore"):

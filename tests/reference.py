@@ -1,6 +1,6 @@
 """Slow, loop-based reference implementations of the roicore operators.
 
-Written from the formulas in ``shared/spec/semantics.md`` (sections 1-6), independently of the
+Written from the formulas in ``docs/semantics.md`` (sections 2-6), independently of the
 compiled kernels: explicit Python loops over RoIs, channels, bins and pixels, in the same order
 as the framework kernels, so that the *accumulation order* is also the reference one.
 
@@ -119,7 +119,7 @@ def _boxes_as(boxes, T):
 
 
 # ---------------------------------------------------------------------------------------------
-# RoI max pooling (Caffe / Fast R-CNN integer RoI), semantics.md section 1, 2.1, 3.2, 4.2, 4.5
+# RoI max pooling (Caffe / Fast R-CNN integer RoI): docs/semantics.md 2.2-2.4 and 3
 # ---------------------------------------------------------------------------------------------
 
 def caffe_bin_edges(rh: int, P: int, arithmetic: str, T=np.float32) -> list[tuple[int, int]]:
@@ -251,7 +251,7 @@ def roi_pool_max_backward(grad_output, argmax, batch, input_shape, rules):
 
 
 # ---------------------------------------------------------------------------------------------
-# Bilinear "RoI pooling": OpenVINO ROIPooling bilinear (4.3) / TF crop_and_resize (6.2)
+# Bilinear "RoI pooling": OpenVINO ROIPooling bilinear / TF crop_and_resize (docs/semantics.md 6)
 # ---------------------------------------------------------------------------------------------
 
 def _crop_coord(k, P, lo, hi, size, pin_last, T):
@@ -486,7 +486,7 @@ def roi_pool_bilinear_boxes_backward(grad_output, x, boxes, batch):
 
 
 # ---------------------------------------------------------------------------------------------
-# Position-sensitive RoI pooling (R-FCN float RoI), semantics.md 1, 2.2, 3.3
+# Position-sensitive RoI pooling (R-FCN float RoI): docs/semantics.md 2.6 and 4
 # ---------------------------------------------------------------------------------------------
 
 def _psroi_geometry(box, s, T):
@@ -615,7 +615,7 @@ def psroi_pool_backward(grad_output, boxes, batch, input_shape, output_size, spa
 
 
 # ---------------------------------------------------------------------------------------------
-# RoIAlign: Caffe2 sampler (1, 2.3, 5.3) and Paddle forward (3.4)
+# RoIAlign: Caffe2 sampler (docs/semantics.md 2.7, 5.1, 5.2) and Paddle forward (5.3)
 # ---------------------------------------------------------------------------------------------
 
 def _align_roi(box, s, aligned, min_size_one, T):

@@ -1,12 +1,11 @@
 """Adapter tests: frameworks are optional locally and required in CI.
 
-Importing TensorFlow before Paddle segfaults Paddle's native core (oracles.md), so Paddle
+Importing TensorFlow before Paddle segfaults Paddle's native core, so Paddle
 is imported first, here, before any test module is collected; the suite then passes in
 any collection order, in one process.
 """
 import collections
 import importlib
-import os
 
 import pytest
 
@@ -15,15 +14,8 @@ try:
 except ImportError:
     pass
 
-# In CI a missing framework is a failure, not a skip.
-REQUIRE = os.environ.get("ROICORE_REQUIRE_FRAMEWORKS", "") not in ("", "0")
-
-
-def framework(name, reason):
-    """importorskip, except that CI (ROICORE_REQUIRE_FRAMEWORKS=1) turns the skip into an error."""
-    if REQUIRE:
-        return importlib.import_module(name)
-    return pytest.importorskip(name, reason=reason)
+# In CI a missing framework is a failure, not a skip (the test modules import these).
+from frameworks import REQUIRE, framework  # noqa: E402,F401
 
 
 Call = collections.namedtuple("Call", "args kwargs result")

@@ -1,6 +1,6 @@
 """Running the command as a user would, in a subprocess, and reading its report.
 
-Frameworks are optional locally and required in CI, as in tests/adapters/conftest.py: with
+Frameworks are optional locally and required in CI (tests/frameworks.py): with
 ROICORE_REQUIRE_FRAMEWORKS=1 a framework the report lists as skipped fails the test.
 """
 import json
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-REQUIRE = os.environ.get("ROICORE_REQUIRE_FRAMEWORKS", "") not in ("", "0")
+from frameworks import REQUIRE
 
 
 def roicore(*args, env=None, timeout=300, python=()):

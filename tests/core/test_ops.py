@@ -84,7 +84,7 @@ def test_roi_pool_max_signed_zeros(dtype, convention):
 
 
 def test_roi_pool_conventions_differ_where_the_spec_says():
-    """P=7 with a 57-pixel box: float32 bins end one pixel late (semantics.md section 1)."""
+    """P=7 with a 57-pixel box: float32 bins end one pixel late (docs/semantics.md 2.3)."""
     x = np.arange(60 * 60, dtype=np.float32).reshape(1, 1, 60, 60)
     box = np.array([[0, 0, 0, 56, 56]], np.float32)  # rh = 57
     by_name = {c: rc.roi_pool(x, box, 7, 1.0, convention=c) for c in MAX_POOL}
@@ -203,7 +203,7 @@ def test_roi_align_matches_reference(convention, case, sampling_ratio, aligned):
 
 
 def test_roi_align_nan_at_origin_propagates_through_out_of_range_samples():
-    """Out-of-range samples count as 0 * v[0, 0], as in the frameworks (semantics.md 1)."""
+    """Out-of-range samples count as 0 * v[0, 0], as in the frameworks (docs/semantics.md 2.7)."""
     x = np.ones((1, 1, 5, 5), np.float32)
     x[0, 0, 0, 0] = np.nan
     boxes = np.array([[0, 3, 3, 9, 9]], np.float32)  # half outside, nowhere near (0, 0)

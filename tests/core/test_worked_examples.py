@@ -1,8 +1,9 @@
 """The documents' worked examples, run on the slow reference and on the compiled core.
 
-Every expected number here is hand-worked in shared/spec/semantics.md, measured by a native
-framework in shared/spec/oracles.md, or printed in a seed document (shared/seeds/): the MXNet
-and Paddle docstrings, the OpenVINO operator test vectors, the deepsense blog and notebook.
+Every expected number here is worked out in docs/semantics.md (section 9 lists them), was
+measured on a framework's native op, or is printed in a framework's own documentation or
+tests: the MXNet and Paddle docstrings, the OpenVINO operator test vectors, the deepsense
+blog and notebook.
 Each test runs twice (the ``ref`` fixture): on tests/reference.py, which makes the reference
 a trusted oracle for the property tests, and on the compiled core through
 tests/core_shim.py.  The conventions module is loaded from its file path, so the reference
@@ -87,7 +88,7 @@ def test_c_round_rejects_non_finite(ref):
 
 
 def test_caffe_bins_float32_wrong_for_rh57_p7(ref):
-    """semantics.md section 1: ceil(7 * (57/7)f) = 58 instead of 57 (last bin end)."""
+    """docs/semantics.md 2.3: ceil(7 * (57/7)f) = 58 instead of 57 (last bin end)."""
     exact = ref.caffe_bin_edges(57, 7, "exact")
     f32 = ref.caffe_bin_edges(57, 7, "float32")
     f64 = ref.caffe_bin_edges(57, 7, "input", np.float64)
@@ -107,7 +108,7 @@ def test_caffe_bins_float64_wrong_for_rh29_p7(ref):
 
 
 def test_caffe_bins_p14_start_wrong_for_rh62_float32(ref):
-    """semantics.md section 1: for P=14 a *start* is wrong too (rh=62, k=7)."""
+    """docs/semantics.md 2.3: for P=14 a *start* is wrong too (rh=62, k=7)."""
     exact = ref.caffe_bin_edges(62, 14, "exact")
     f32 = ref.caffe_bin_edges(62, 14, "float32")
     assert exact[7][0] == 31 and f32[7][0] == 30
@@ -115,7 +116,7 @@ def test_caffe_bins_p14_start_wrong_for_rh62_float32(ref):
 
 @pytest.mark.parametrize("P", [2, 3, 4, 5, 6, 8, 16])
 def test_caffe_bins_exact_for_small_p(ref, P):
-    """semantics.md section 1: P in {2,3,4,5,6,8,16} has no errors (checked for rh <= 128)."""
+    """docs/semantics.md 2.3: P in {2,3,4,5,6,8,16} has no errors (checked for rh <= 128)."""
     for rh in range(1, 129):
         exact = ref.caffe_bin_edges(rh, P, "exact")
         assert ref.caffe_bin_edges(rh, P, "float32") == exact
@@ -136,7 +137,7 @@ MXNET_8x6_BOX = [[0, 0, 0, 4, 4]]
     (0.7, [[7, 9], [19, 21]]),
 ])
 def test_roi_pool_mxnet_docstring(ref, name, dtype, scale, expected):
-    """MXNet ROIPooling docstring (seed 001), identical for every convention."""
+    """MXNet ROIPooling docstring (docs/semantics.md 9.1), identical for every convention."""
     rules = MAX_POOL[name]
     x = arange_map((1, 1, 8, 6), dtype)
     boxes, batch = split_rois(MXNET_8x6_BOX, dtype)
@@ -149,7 +150,7 @@ def test_roi_pool_mxnet_docstring(ref, name, dtype, scale, expected):
 
 
 def test_roi_pool_mxnet_docstring_float64_oracle(ref):
-    """oracles.md: MXNet float64 ROIPooling(arange/3) = true float64 values."""
+    """MXNet's float64 ROIPooling(arange/3) gives the true float64 values (semantics 9.1)."""
     x = np.arange(48, dtype=np.float64).reshape(1, 1, 8, 6) / 3
     boxes, batch = split_rois(MXNET_8x6_BOX, np.float64)
     y, _ = ref.roi_pool_max(x, boxes, batch, (2, 2), 1.0, MAX_POOL["mxnet"])
@@ -158,7 +159,7 @@ def test_roi_pool_mxnet_docstring_float64_oracle(ref):
 
 
 def test_roi_pool_mxnet_backward_routes_to_argmax(ref):
-    """oracles.md: grad weights 1,2,3,4 land on (2,2),(2,4),(4,2),(4,4)."""
+    """MXNet: grad weights 1,2,3,4 land on (2,2),(2,4),(4,2),(4,4) (docs/semantics.md 9.1)."""
     rules = MAX_POOL["mxnet"]
     x = arange_map((1, 1, 8, 6), np.float32)
     boxes, batch = split_rois(MXNET_8x6_BOX, np.float32)
@@ -171,7 +172,7 @@ def test_roi_pool_mxnet_backward_routes_to_argmax(ref):
 
 
 def test_roi_pool_oracle_random_example(ref):
-    """oracles.md random example (MXNet = OpenVINO = ONNX Runtime): shape, sum, roi0 ch0."""
+    """docs/semantics.md 9.7 (MXNet = OpenVINO = ONNX Runtime): shape, sum, roi0 ch0."""
     x = np.random.RandomState(0).randn(2, 3, 10, 12).astype(np.float32)
     boxes, batch = split_rois(
         [[0, 1.3, 2.2, 7.9, 8.4], [1, 0, 0, 11, 9], [1, 5.5, 3.1, 6.0, 3.2]], np.float32)
@@ -186,7 +187,7 @@ def test_roi_pool_oracle_random_example(ref):
 
 @pytest.mark.parametrize("name", sorted(MAX_POOL))
 def test_roi_pool_paddle_docstring(ref, name):
-    """Paddle roi_pool docstring (seed 002): 11 and 16, plane argmax 10 and 15."""
+    """Paddle roi_pool docstring (docs/semantics.md 9.2): 11 and 16, plane argmax 10, 15."""
     rules = MAX_POOL[name]
     x = arange_map((1, 1, 4, 4), np.float32, start=1)
     boxes = np.array([[1, 1, 2, 2], [1.5, 1.5, 3, 3]], np.float32)
@@ -203,7 +204,7 @@ DEEPSENSE_MAP = [[1, 2, 4, 4], [3, 4, 1, 2], [6, 2, 1, 7], [1, 3, 2, 8]]
 
 @pytest.mark.parametrize("name", sorted(MAX_POOL))
 def test_roi_pool_deepsense_notebook(ref, name):
-    """deepsense-ai notebook (semantics.md 6.1): integer rois [b,x1,y1,x2,y2], pool 2x2."""
+    """deepsense-ai notebook (docs/semantics.md 9.3): integer rois [b,x1,y1,x2,y2], pool 2x2."""
     x = np.array(DEEPSENSE_MAP, np.float32).reshape(1, 1, 4, 4)
     boxes, batch = split_rois([[0, 0, 0, 1, 3], [0, 2, 2, 3, 3], [0, 1, 0, 3, 2]], np.float32)
     y, am = ref.roi_pool_max(x, boxes, batch, (2, 2), 1.0, MAX_POOL[name])
@@ -223,7 +224,7 @@ BLOG_MAP = np.array([
 
 
 def test_roi_pool_deepsense_blog_example(ref):
-    """deepsense blog 8x8 example (seed 003).
+    """deepsense blog 8x8 example (docs/semantics.md 9.3).
 
     The blog's region "(0,3),(7,8)" with "our RoI is 7x5" is columns [0,7) x rows [3,8); its
     sections (per the blog and its comments) are floor-sized first: widths 3|4, heights 2|3,
@@ -306,7 +307,7 @@ def test_roi_pool_bin_dtype_visible_rh29_float64(ref, name, expected_last):
     (np.float64, "torchvision", 4),                     # 5.0 * 0.7 = 3.5 -> 4
 ])
 def test_roi_pool_spatial_scale_precision(ref, dtype, name, expected_col):
-    """semantics.md section 1: the dtype of spatial_scale matters for double inputs."""
+    """docs/semantics.md 2.4: the dtype of spatial_scale matters for double inputs."""
     x = np.arange(8, dtype=dtype).reshape(1, 1, 1, 8)
     y, am = ref.roi_pool_max(x, [[5, 0, 5, 0]], [0], (1, 1), 0.7, MAX_POOL[name])
     assert float(y[0, 0, 0, 0]) == expected_col
@@ -474,7 +475,7 @@ def test_bilinear_openvino_border_pinning(ref):
     ([0, 0, 4, 4], [[0, 0], [0, 0]]),                # absolute coordinates: out of range
 ])
 def test_bilinear_openvino_oracle_8x6(ref, box, expected):
-    """oracles.md OpenVINO bilinear on arange(48).reshape(1,1,8,6)."""
+    """OpenVINO bilinear on arange(48).reshape(1,1,8,6) (docs/semantics.md 9.4)."""
     x = arange_map((1, 1, 8, 6), np.float32)
     y = ref.roi_pool_bilinear(x, np.array([box], np.float32), [0], (2, 2),
                               BILINEAR_POOL["openvino"])
@@ -534,7 +535,7 @@ def test_bilinear_grad_matches_finite_difference(ref, name):
 @pytest.mark.parametrize("name", sorted(PSROI_POOL))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_psroi_oracle_mxnet(ref, name, dtype):
-    """oracles.md: MXNet PSROIPooling(output_dim=2, pooled_size=group_size=2)."""
+    """MXNet PSROIPooling(output_dim=2, pooled_size=group_size=2) (docs/semantics.md 9.5)."""
     x = arange_map((1, 8, 6, 6), dtype)
     boxes, batch = split_rois([[0, 0, 0, 3, 3], [0, 1, 1, 5, 4]], dtype)
     y = ref.psroi_pool(x, boxes, batch, 2, (2, 2), 1.0, PSROI_POOL[name])
@@ -548,7 +549,7 @@ def test_psroi_oracle_mxnet(ref, name, dtype):
 
 @pytest.mark.parametrize("name", sorted(PSROI_POOL))
 def test_psroi_semantics_example(ref, name):
-    """semantics.md 3.3 / 5.2: arange(256).reshape(1,4,8,8), P=2, out_dim=1."""
+    """docs/semantics.md 4.3 and 9.5: arange(256).reshape(1,4,8,8), P=2, out_dim=1."""
     x = arange_map((1, 4, 8, 8), np.float32)
     boxes, batch = split_rois([[0, 0, 0, 4, 4], [0, 2, 2, 7, 7]], np.float32)
     y = ref.psroi_pool(x, boxes, batch, 1, 2, 1.0, PSROI_POOL[name])
@@ -556,7 +557,8 @@ def test_psroi_semantics_example(ref, name):
 
 
 def test_psroi_shape_paddle_doc(ref):
-    """Paddle psroi_pool doc (seed 004) shape rule, scaled down: C = oc*PH*PW, out (K,oc,PH,PW)."""
+    """Paddle psroi_pool doc's shape rule (docs/semantics.md 9.5), scaled down: C = oc*PH*PW,
+    out (K, oc, PH, PW)."""
     x = np.zeros((2, 10 * 3 * 2, 7, 7), np.float32)
     boxes = np.array([[1, 1, 4, 4]] * 5, np.float32)
     y = ref.psroi_pool(x, boxes, [0, 0, 0, 1, 1], 10, (3, 2), 1.0, PSROI_POOL["paddle"])
@@ -651,7 +653,7 @@ def test_psroi_grad_matches_finite_difference(ref):
     (False, [8.5, 12.25]),
 ])
 def test_roi_align_paddle_test_vector(ref, dtype, name, aligned, expected):
-    """Paddle test_ops_roi_align::test_value (semantics.md 3.4); exact for every sampler."""
+    """Paddle test_ops_roi_align::test_value (docs/semantics.md 9.2); exact for every sampler."""
     x = arange_map((1, 1, 4, 4), dtype, start=1)
     boxes = np.array([[1, 1, 2, 2], [1.5, 1.5, 3, 3]], dtype)
     y = ref.roi_align(x, boxes, [0, 0], (1, 1), 1.0, -1, aligned, ROI_ALIGN[name])
@@ -669,7 +671,7 @@ MX_ALIGN_ROIS = [[0, 0, 0, 4, 4], [0, .5, 1.5, 3.7, 6.2]]
     (True, [[[3.5, 5.5], [15.5, 17.5]], [[13.85, 15.45], [27.95, 29.55]]]),
 ])
 def test_roi_align_mxnet_oracle(ref, dtype, rtol, name, aligned, expected):
-    """oracles.md: MXNet ROIAlign sample_ratio=2 on arange(48).reshape(1,1,8,6)."""
+    """MXNet ROIAlign sample_ratio=2 on arange(48).reshape(1,1,8,6) (docs/semantics.md 9.6)."""
     x = arange_map((1, 1, 8, 6), dtype)
     boxes, batch = split_rois(MX_ALIGN_ROIS, dtype)
     y = ref.roi_align(x, boxes, batch, (2, 2), 1.0, 2, aligned, ROI_ALIGN[name])
@@ -677,7 +679,7 @@ def test_roi_align_mxnet_oracle(ref, dtype, rtol, name, aligned, expected):
 
 
 def test_roi_align_mxnet_oracle_backward_sum(ref):
-    """oracles.md: ROIAlign backward grad sum 4.0 (4 outputs, weights summing to 1 each)."""
+    """MXNet ROIAlign backward grad sum 4.0 (4 outputs, weights summing to 1 each; 9.6)."""
     x_shape = (1, 1, 8, 6)
     boxes, batch = split_rois(MX_ALIGN_ROIS[:1], np.float32)
     dx = ref.roi_align_backward(np.ones((1, 1, 2, 2), np.float32), boxes, batch, x_shape,
@@ -688,7 +690,7 @@ def test_roi_align_mxnet_oracle_backward_sum(ref):
 
 
 def test_roi_align_paddle_forward_differs_in_last_bit(ref):
-    """semantics.md 3.4: Paddle's forward association/weights/reciprocal differ from Caffe2 in
+    """docs/semantics.md 5.3: Paddle's forward association/weights/reciprocal differ from Caffe2 in
     the last bit for float32 (about 1e-6 relative), while agreeing closely."""
     rs = np.random.RandomState(5)
     x = rs.rand(1, 1, 16, 16).astype(np.float32)
@@ -722,7 +724,7 @@ def test_roi_align_float32_intermediates_are_rounded(ref):
 
 
 def test_roi_align_sample_position_expressions_float32(ref):
-    """Pin the two samplers' float32 expressions (semantics.md section 1 and 3.4) on a ramp
+    """Pin the two samplers' float32 expressions (docs/semantics.md 2.7 and 5.3) on a ramp
     v[0, w] = w with H = 1 and one sample per bin, where the output is a function of the
     sample position alone:
 
@@ -774,7 +776,7 @@ def test_roi_align_scale_precision_float64(ref):
 
 
 def test_roi_align_empty_grid_zero_vs_nan(ref):
-    """semantics.md 3.4: aligned box [1,1,1,1] -> Paddle NaN, torchvision 0."""
+    """docs/semantics.md 5.3: aligned box [1,1,1,1] -> Paddle NaN, torchvision 0."""
     x = arange_map((1, 1, 4, 4), np.float32, start=1)
     box = np.array([[1, 1, 1, 1]], np.float32)
     y_pd = ref.roi_align(x, box, [0], (1, 1), 1.0, -1, True, ROI_ALIGN["paddle"])
