@@ -4,25 +4,8 @@
 #include "blocked.h"
 #include "checks.h"
 
-#define T float
-#define SFX f32
-#define VT roicore_vf32
-#define LANES 8
-#include "bilinear_typed.h"
-#undef T
-#undef SFX
-#undef VT
-#undef LANES
-
-#define T double
-#define SFX f64
-#define VT roicore_vf64
-#define LANES 4
-#include "bilinear_typed.h"
-#undef T
-#undef SFX
-#undef VT
-#undef LANES
+#define ROICORE_TYPED "bilinear_typed.h"
+#include "dtypes.h"
 
 /* Normalised coordinates times (size - 1) must stay within 2**24 (and on a map of one row
  * or column, the coordinates themselves: (y2 - y1) must not overflow). */

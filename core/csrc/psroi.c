@@ -10,25 +10,8 @@ typedef struct {
     int64_t *tables;
 } plan_sizes;
 
-#define T float
-#define SFX f32
-#define VT roicore_vf32
-#define LANES 8
-#include "psroi_typed.h"
-#undef T
-#undef SFX
-#undef VT
-#undef LANES
-
-#define T double
-#define SFX f64
-#define VT roicore_vf64
-#define LANES 4
-#include "psroi_typed.h"
-#undef T
-#undef SFX
-#undef VT
-#undef LANES
+#define ROICORE_TYPED "psroi_typed.h"
+#include "dtypes.h"
 
 static int make_plan(const roicore_tensor *map, const roicore_tensor *pooled, const roicore_boxes *boxes,
                      int64_t GH, int64_t GW, plan_sizes *ps, roicore_error *err) {

@@ -3,25 +3,8 @@
 #include "blocked.h"
 #include "checks.h"
 
-#define T float
-#define SFX f32
-#define VT roicore_vf32
-#define LANES 8
-#include "roi_align_typed.h"
-#undef T
-#undef SFX
-#undef VT
-#undef LANES
-
-#define T double
-#define SFX f64
-#define VT roicore_vf64
-#define LANES 4
-#include "roi_align_typed.h"
-#undef T
-#undef SFX
-#undef VT
-#undef LANES
+#define ROICORE_TYPED "roi_align_typed.h"
+#include "dtypes.h"
 
 static int check_align_args(int64_t sampling_ratio, int aligned, roicore_error *err) {
     if (sampling_ratio > ROICORE_MAX_SAMPLING_RATIO)

@@ -8,53 +8,8 @@
 
 enum { BINS_FLOAT32 = 0, BINS_FLOAT64 = 1, BINS_EXACT = 2 };
 
-#ifdef ROICORE_X86_DISPATCH
-#include <immintrin.h>
-#endif
-
-#define T float
-#define SFX f32
-#define VT roicore_vf32
-#define MT roicore_vm32
-#define IT int32_t
-#define UMT roicore_vu32
-#define LANES 8
-#define AVX2_MAX(v, m) _mm256_max_ps((__m256)(v), (__m256)(m))
-#define STORE_INDICES(p, idx) memcpy((p), &(idx), sizeof(idx))
-#include "roi_pool_typed.h"
-#undef T
-#undef SFX
-#undef VT
-#undef MT
-#undef IT
-#undef UMT
-#undef LANES
-#undef AVX2_MAX
-#undef STORE_INDICES
-
-#define T double
-#define SFX f64
-#define VT roicore_vf64
-#define MT roicore_vm64
-#define IT int64_t
-#define UMT roicore_vu64
-#define LANES 4
-#define AVX2_MAX(v, m) _mm256_max_pd((__m256d)(v), (__m256d)(m))
-#define STORE_INDICES(p, idx)                                                          \
-    do {                                                                               \
-        const roicore_vi32x4 narrow_ = __builtin_convertvector((idx), roicore_vi32x4); \
-        memcpy((p), &narrow_, sizeof narrow_);                                         \
-    } while (0)
-#include "roi_pool_typed.h"
-#undef T
-#undef SFX
-#undef VT
-#undef MT
-#undef IT
-#undef UMT
-#undef LANES
-#undef AVX2_MAX
-#undef STORE_INDICES
+#define ROICORE_TYPED "roi_pool_typed.h"
+#include "dtypes.h"
 
 /* Whether every index the rules encode for input x fits int32. */
 static int fits_int32(const roicore_max_pool_rules *rules, const roicore_tensor *x) {
