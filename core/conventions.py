@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Literal, Union
 
 __all__ = [
-    "MaxPoolRules", "BilinearPoolRules", "PSRoIPoolRules", "RoIAlignRules",
-    "MAX_POOL", "BILINEAR_POOL", "PSROI_POOL", "ROI_ALIGN", "resolve",
+    "MaxPoolRules", "BilinearPoolRules", "PSRoIPoolRules", "RoIAlignRules", "PSRoIAlignRules",
+    "MAX_POOL", "BILINEAR_POOL", "PSROI_POOL", "ROI_ALIGN", "PSROI_ALIGN", "resolve",
 ]
 
 
@@ -89,18 +89,29 @@ class BilinearPoolRules:
 
 @dataclass(frozen=True)
 class PSRoIPoolRules:
-    """R-FCN position-sensitive average pooling (MXNet PSROIPooling, Paddle psroi_pool).
+    """Position-sensitive average pooling: R-FCN's bins or torchvision's.
 
-    Coordinates are rounded *before* scaling, ``+1`` is added before scaling, the minimum
-    size is 0.1 and the bin offset is added before floor/ceil.  MXNet and Paddle are
-    identical here (both hold spatial_scale as a C float); MXNet additionally allows a
-    group size different from the pooled size, which the operator takes as an argument.
+    Output channel d at cell (ph, pw) averages input channel ``(d*GH + gh)*GW + gw`` over
+    the cell's bin, where (gh, gw) is the group cell of (ph, pw).
 
     scale_precision
         As in :class:`MaxPoolRules`.
+    formula
+        How a box becomes bins.  ``"rfcn"`` (MXNet PSROIPooling, Paddle psroi_pool, which
+        compute the same numbers): coordinates are rounded *before* scaling, ``+1`` is
+        added to the end before scaling, the box is at least 0.1 feature pixels wide and
+        the bin offset is added before floor/ceil; bins are clamped to [0, H].  MXNet also
+        allows a group size other than the pooled size, which the operator takes as an
+        argument.  ``"torchvision"`` (torchvision ps_roi_pool): ``round(x*s)`` after
+        scaling, no ``+1``, at least 1 pixel, integer bin offsets as in RoI max pooling;
+        the forward clamps bins to [0, H-1], so it never reads the last row or column,
+        while the backward clamps them to [0, H] and rounds the scaled coordinates in
+        float32 (C ``roundf``), so its bins can differ from the forward's.  The group
+        size is the pooled size.
     """
 
     scale_precision: Literal["float32", "input"]
+    formula: Literal["rfcn", "torchvision"] = "rfcn"
 
 
 @dataclass(frozen=True)
@@ -129,6 +140,24 @@ class RoIAlignRules:
     backward_min_size_always: bool
 
 
+@dataclass(frozen=True)
+class PSRoIAlignRules:
+    """Position-sensitive RoIAlign (torchvision ps_roi_align, Light-Head R-CNN).
+
+    Always aligned (boxes shifted by -0.5 pixel, no minimum size), the Caffe2 sample
+    positions and weights of :class:`RoIAlignRules`, and each output the mean of the
+    samples of its own input channel, mapped as in :class:`PSRoIPoolRules`.  Unlike
+    RoIAlign, a sample outside [-1, H] x [-1, W] contributes a plain 0 (no ``0 * v[0, 0]``),
+    and the sum is divided by the grid size as it is: an empty grid gives 0/0 = NaN, and a
+    negative one (a reversed box with adaptive sampling) a zero with the grid's sign.
+
+    scale_precision
+        As in :class:`MaxPoolRules`.
+    """
+
+    scale_precision: Literal["float32", "input"]
+
+
 MAX_POOL = {
     "mxnet": MaxPoolRules("input", "float32", "-FLT_MAX", "greater", "global", "int32"),
     "paddle": MaxPoolRules("float32", "float32", "lowest", "greater", "plane", "int64"),
@@ -147,6 +176,7 @@ BILINEAR_POOL = {
 PSROI_POOL = {
     "mxnet": PSRoIPoolRules("float32"),
     "paddle": PSRoIPoolRules("float32"),
+    "torchvision": PSRoIPoolRules("input", formula="torchvision"),
 }
 
 ROI_ALIGN = {
@@ -155,7 +185,11 @@ ROI_ALIGN = {
     "paddle": RoIAlignRules("paddle", "float32", "nan", True),
 }
 
-Rules = Union[MaxPoolRules, BilinearPoolRules, PSRoIPoolRules, RoIAlignRules]
+PSROI_ALIGN = {
+    "torchvision": PSRoIAlignRules("input"),
+}
+
+Rules = Union[MaxPoolRules, BilinearPoolRules, PSRoIPoolRules, RoIAlignRules, PSRoIAlignRules]
 
 
 def resolve(convention, table: dict, rules_type: type, op: str):

@@ -38,6 +38,7 @@ __all__ = [
     "roi_pool_nearest", "roi_pool_nearest_backward", "roi_pool_bilinear_boxes_backward",
     "psroi_pool", "psroi_pool_backward",
     "roi_align", "roi_align_backward",
+    "ps_roi_align", "ps_roi_align_backward",
     "numeric_grad",
 ]
 
@@ -541,7 +542,11 @@ def psroi_pool(x, boxes, batch, output_channels, output_size, spatial_scale, rul
     Input channel of output (ctop, ph, pw) is ``(ctop*GH + gh)*GW + gw`` with
     ``gh = clamp(floor((T)ph*GH/PH), 0, GH-1)``; group_size defaults to output_size.
     Average = sum (h outer, w inner, from 0, in T) / (T)area; empty bins give 0.
+    ``rules.formula == "torchvision"`` computes torchvision's ps_roi_pool instead.
     """
+    if getattr(rules, "formula", "rfcn") == "torchvision":
+        return _tv_psroi_pool(x, boxes, batch, output_channels, output_size, spatial_scale,
+                              rules, group_size)
     x = np.asarray(x)
     T = _real_type(x)
     boxes = _boxes_as(boxes, T)
@@ -579,7 +584,11 @@ def psroi_pool(x, boxes, batch, output_channels, output_size, spatial_scale, rul
 
 def psroi_pool_backward(grad_output, boxes, batch, input_shape, output_size, spatial_scale,
                         rules, group_size=None):
-    """Serial over (n, ctop, ph, pw): ``dx[b, c, h, w] += g/area`` over the bin (h outer)."""
+    """Serial over (n, ctop, ph, pw): ``dx[b, c, h, w] += g/area`` over the bin (h outer).
+    ``rules.formula == "torchvision"``: torchvision's ps_roi_pool backward instead."""
+    if getattr(rules, "formula", "rfcn") == "torchvision":
+        return _tv_psroi_pool_backward(grad_output, boxes, batch, input_shape, output_size,
+                                       spatial_scale, rules, group_size)
     g = np.asarray(grad_output)
     T = _real_type(g)
     boxes = _boxes_as(boxes, T)
@@ -610,6 +619,105 @@ def psroi_pool_backward(grad_output, boxes, batch, input_shape, output_size, spa
                         diff = g[n, ctop, ph, pw] / area
                         for h in range(hstart, hend):
                             for w in range(wstart, wend):
+                                dx[b, c, h, w] = dx[b, c, h, w] + diff
+    return dx
+
+
+# torchvision ps_roi_pool (semantics.md 5.2): the integer RoI of max pooling without +1
+
+def _tv_psroi_box(box, s, backward):
+    """(rs_w, rs_h, bin_w, bin_h): starts rounded after scaling, size at least 1, in T.
+    The backward rounds with C ``roundf``: the product in T, converted to float32."""
+    T = type(s)
+    if backward:
+        rs_w, rs_h, re_w, re_h = (c_round(np.float32(v * s)) for v in box)
+    else:
+        rs_w, rs_h, re_w, re_h = (c_round(v * s) for v in box)
+    rw = max(re_w - rs_w, 1)
+    rh = max(re_h - rs_h, 1)
+    return rs_w, rs_h, T(rw), T(rh)
+
+
+def _tv_psroi_bin(p, start, size_, P, last, T):
+    """[start, end) of bin p: ``floor(p*bin)`` .. ``ceil((p+1)*bin)`` plus the integer start,
+    clamped to [0, last]."""
+    bin_size = size_ / T(P)
+    lo = math.floor(T(p) * bin_size) + start
+    hi = math.ceil(T(p + 1) * bin_size) + start
+    return _clamp(lo, 0, last), _clamp(hi, 0, last)
+
+
+def _tv_psroi_setup(shape, output_size, group_size, output_channels=None):
+    N, C, H, W = shape
+    PH, PW = _pair(output_size)
+    if group_size is not None and _pair(group_size) != (PH, PW):
+        raise ValueError("torchvision ps_roi_pool has no group size other than the pooled size")
+    if C % (PH * PW) or (output_channels is not None and C != output_channels * PH * PW):
+        raise ValueError(f"input has {C} channels, not output_channels*PH*PW")
+    return N, C, H, W, PH, PW, C // (PH * PW)
+
+
+def _tv_psroi_pool(x, boxes, batch, output_channels, output_size, spatial_scale, rules,
+                   group_size=None):
+    """Forward: bins clamped to [0, H-1] x [0, W-1]; mean = sum (h outer, w inner) / area;
+    an empty bin gives 0.  Output (n, d, ph, pw) reads channel ``(d*PH + ph)*PW + pw``."""
+    x = np.asarray(x)
+    T = _real_type(x)
+    boxes = _boxes_as(boxes, T)
+    N, C, H, W, PH, PW, D = _tv_psroi_setup(x.shape, output_size, group_size, output_channels)
+    s = _scale(T, spatial_scale, rules.scale_precision)
+    K = boxes.shape[0]
+    y = np.zeros((K, D, PH, PW), dtype=T)
+    with np.errstate(all="ignore"):
+        for n in range(K):
+            b = _batch_index(batch, n, N)
+            rs_w, rs_h, rw, rh = _tv_psroi_box(_box(boxes, n, T), s, backward=False)
+            for d in range(D):
+                for ph in range(PH):
+                    hs, he = _tv_psroi_bin(ph, rs_h, rh, PH, H - 1, T)
+                    for pw in range(PW):
+                        ws, we = _tv_psroi_bin(pw, rs_w, rw, PW, W - 1, T)
+                        if he <= hs or we <= ws:
+                            y[n, d, ph, pw] = T(0)
+                            continue
+                        c = (d * PH + ph) * PW + pw
+                        acc = T(0)
+                        for h in range(hs, he):
+                            for w in range(ws, we):
+                                acc = acc + x[b, c, h, w]
+                        y[n, d, ph, pw] = acc / T((he - hs) * (we - ws))
+    return y
+
+
+def _tv_psroi_pool_backward(grad_output, boxes, batch, input_shape, output_size, spatial_scale,
+                            rules, group_size=None):
+    """Backward: bins from roundf'ed coordinates, clamped to [0, H] x [0, W]; serial over
+    (n, ph, pw, d), ``dx += g/area`` over the bin."""
+    g = np.asarray(grad_output)
+    T = _real_type(g)
+    boxes = _boxes_as(boxes, T)
+    N, C, H, W, PH, PW, D = _tv_psroi_setup(tuple(int(v) for v in input_shape), output_size,
+                                            group_size)
+    if g.shape[1:] != (D, PH, PW):
+        raise ValueError(f"grad_output shape {g.shape} does not fit {D} channels of {PH}x{PW}")
+    s = _scale(T, spatial_scale, rules.scale_precision)
+    dx = np.zeros((N, C, H, W), dtype=T)
+    with np.errstate(all="ignore"):
+        for n in range(g.shape[0]):
+            b = _batch_index(batch, n, N)
+            rs_w, rs_h, rw, rh = _tv_psroi_box(_box(boxes, n, T), s, backward=True)
+            for ph in range(PH):
+                hs, he = _tv_psroi_bin(ph, rs_h, rh, PH, H, T)
+                for pw in range(PW):
+                    ws, we = _tv_psroi_bin(pw, rs_w, rw, PW, W, T)
+                    if he <= hs or we <= ws:
+                        continue
+                    area = T((he - hs) * (we - ws))
+                    for d in range(D):
+                        c = (d * PH + ph) * PW + pw
+                        diff = g[n, d, ph, pw] / area
+                        for h in range(hs, he):
+                            for w in range(ws, we):
                                 dx[b, c, h, w] = dx[b, c, h, w] + diff
     return dx
 
@@ -846,6 +954,93 @@ def roi_align_backward(grad_output, boxes, batch, input_shape, output_size, spat
                                 d[yl, xh] = d[yl, xh] + (gv * w2) / count
                                 d[yh, xl] = d[yh, xl] + (gv * w3) / count
                                 d[yh, xh] = d[yh, xh] + (gv * w4) / count
+    return dx
+
+
+# ---------------------------------------------------------------------------------------------
+# Position-sensitive RoIAlign: torchvision ps_roi_align (semantics.md 5.4)
+# ---------------------------------------------------------------------------------------------
+
+def _ps_align_box(box, s, sampling_ratio, PH, PW, T):
+    """(start_w, start_h, bin_w, bin_h, grid_h, grid_w): always aligned (-0.5), no minimum
+    size; the adaptive grid is ``(int)ceil(size / P)`` and may be zero or negative."""
+    sw, sh, rw, rh = _align_roi(box, s, True, False, T)
+    return (sw, sh, rw / T(PW), rh / T(PH), _grid(sampling_ratio, rh, PH, T),
+            _grid(sampling_ratio, rw, PW, T))
+
+
+def ps_roi_align(x, boxes, batch, output_size, spatial_scale, sampling_ratio, rules):
+    """Forward: output (n, d, ph, pw) averages the samples of channel ``(d*PH + ph)*PW + pw``;
+    out-of-range samples add a plain 0; the sum is divided by ``(T)(gh*gw)`` unclamped."""
+    x = np.asarray(x)
+    T = _real_type(x)
+    boxes = _boxes_as(boxes, T)
+    N, C, H, W, PH, PW, D = _tv_psroi_setup(x.shape, output_size, None)
+    s = _scale(T, spatial_scale, rules.scale_precision)
+    K = boxes.shape[0]
+    y = np.zeros((K, D, PH, PW), dtype=T)
+    with np.errstate(all="ignore"):
+        for n in range(K):
+            b = _batch_index(batch, n, N)
+            sw, sh, bin_w, bin_h, gh, gw = _ps_align_box(_box(boxes, n, T), s, sampling_ratio,
+                                                         PH, PW, T)
+            count = T(gh * gw)
+            for d in range(D):
+                for ph in range(PH):
+                    for pw in range(PW):
+                        v = x[b, (d * PH + ph) * PW + pw]
+                        acc = T(0)
+                        for iy in range(gh):
+                            yy = _caffe2_coord(sh, ph, bin_h, iy, gh, T)
+                            for ix in range(gw):
+                                xx = _caffe2_coord(sw, pw, bin_w, ix, gw, T)
+                                ok, (yl, yh, xl, xh), (w1, w2, w3, w4) = _caffe2_bilinear(
+                                    yy, xx, H, W, T)
+                                val = T(0)
+                                if ok:
+                                    val = ((w1 * v[yl, xl] + w2 * v[yl, xh])
+                                           + w3 * v[yh, xl]) + w4 * v[yh, xh]
+                                acc = acc + val
+                        y[n, d, ph, pw] = acc / count
+    return y
+
+
+def ps_roi_align_backward(grad_output, boxes, batch, input_shape, output_size, spatial_scale,
+                          sampling_ratio, rules):
+    """Serial over (n, d, ph, pw, iy, ix): ``(g*w_k)/count`` added to the four corners of
+    in-range samples of channel ``(d*PH + ph)*PW + pw``."""
+    g = np.asarray(grad_output)
+    T = _real_type(g)
+    boxes = _boxes_as(boxes, T)
+    N, C, H, W, PH, PW, D = _tv_psroi_setup(tuple(int(v) for v in input_shape), output_size,
+                                            None)
+    if g.shape[1:] != (D, PH, PW):
+        raise ValueError(f"grad_output shape {g.shape} does not fit {D} channels of {PH}x{PW}")
+    s = _scale(T, spatial_scale, rules.scale_precision)
+    dx = np.zeros((N, C, H, W), dtype=T)
+    with np.errstate(all="ignore"):
+        for n in range(g.shape[0]):
+            b = _batch_index(batch, n, N)
+            sw, sh, bin_w, bin_h, gh, gw = _ps_align_box(_box(boxes, n, T), s, sampling_ratio,
+                                                         PH, PW, T)
+            count = T(gh * gw)
+            for d in range(D):
+                for ph in range(PH):
+                    for pw in range(PW):
+                        plane = dx[b, (d * PH + ph) * PW + pw]
+                        gv = g[n, d, ph, pw]
+                        for iy in range(gh):
+                            yy = _caffe2_coord(sh, ph, bin_h, iy, gh, T)
+                            for ix in range(gw):
+                                xx = _caffe2_coord(sw, pw, bin_w, ix, gw, T)
+                                ok, (yl, yh, xl, xh), (w1, w2, w3, w4) = _caffe2_bilinear(
+                                    yy, xx, H, W, T)
+                                if not ok:
+                                    continue
+                                plane[yl, xl] = plane[yl, xl] + (gv * w1) / count
+                                plane[yl, xh] = plane[yl, xh] + (gv * w2) / count
+                                plane[yh, xl] = plane[yh, xl] + (gv * w3) / count
+                                plane[yh, xh] = plane[yh, xh] + (gv * w4) / count
     return dx
 
 
