@@ -7,6 +7,7 @@ Operators (forward and backward, float16/32/64):
   (:func:`roi_pool_boxes_backward`)
 * :func:`psroi_pool` -- position-sensitive RoI pooling (R-FCN)
 * :func:`roi_align` -- RoIAlign (Mask R-CNN)
+* :func:`ps_roi_align` -- position-sensitive RoIAlign (Light-Head R-CNN)
 
 Each takes a ``convention`` naming the framework whose arithmetic to reproduce bit for bit
 (see :mod:`roicore.core.conventions`).  Importing this package loads no ML framework.
@@ -41,16 +42,16 @@ from ._memory import (
 )
 from ._threads import effective_n_threads, openmp_enabled
 from .ops import (
-    psroi_pool, psroi_pool_backward, roi_align, roi_align_backward, roi_pool,
-    roi_pool_backward, roi_pool_boxes_backward,
+    ps_roi_align, ps_roi_align_backward, psroi_pool, psroi_pool_backward, roi_align,
+    roi_align_backward, roi_pool, roi_pool_backward, roi_pool_boxes_backward,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
     "roi_pool", "roi_pool_backward", "roi_pool_boxes_backward", "psroi_pool",
-    "psroi_pool_backward", "roi_align",
-    "roi_align_backward", "conventions", "openmp_enabled", "effective_n_threads",
+    "psroi_pool_backward", "roi_align", "roi_align_backward", "ps_roi_align",
+    "ps_roi_align_backward", "conventions", "openmp_enabled", "effective_n_threads",
     "set_output_cache_limit", "release_output_cache", "output_cache_stats",
     "get_memory_limit", "set_memory_limit", "get_include", "get_library_dir", "get_link_args",
 ]

@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from . import effective_n_threads, openmp_enabled, psroi_pool, roi_align, roi_pool
+from . import effective_n_threads, openmp_enabled, ps_roi_align, psroi_pool, roi_align, roi_pool
 
 
 def _examples():
@@ -26,6 +26,14 @@ def _examples():
     yield ("MXNet PSROIPooling (output_dim 2, pooled 2)", psroi_pool(
         ps, np.array([[0, 0, 0, 3, 3]], np.float32), 2, 1.0, convention="mxnet"),
         [3.5, 41.5, 87.5, 125.5, 147.5, 185.5, 231.5, 269.5])
+    yield ("torchvision ps_roi_pool, arange map", psroi_pool(
+        np.arange(256, dtype=np.float32).reshape(1, 4, 8, 8),
+        np.array([[0, 0, 0, 4, 4]], np.float32), 2, 1.0, convention="torchvision"),
+        [4.5, 70.5, 148.5, 214.5])
+    linear = (100 * np.arange(4)[:, None, None] + np.arange(16).reshape(4, 4)).astype(np.float32)
+    yield ("torchvision ps_roi_align, linear map", ps_roi_align(
+        linear[None], np.array([[0, .5, .5, 2.5, 2.5]], np.float32), 2, 1.0),
+        [2.5, 103.5, 206.5, 307.5])
     yield ("Paddle roi_align docstring (aligned)", roi_align(
         x44, b44, 1, 1.0, -1, True, convention="paddle"), [6, 9.75])
     yield ("MXNet ROIAlign, sample_ratio 2", roi_align(

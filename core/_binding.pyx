@@ -55,6 +55,7 @@ cdef extern from "roicore.h" nogil:
         ROICORE_ARGMAX_PLANE, ROICORE_ARGMAX_GLOBAL
         ROICORE_SAMPLER_CAFFE2, ROICORE_SAMPLER_PADDLE
         ROICORE_EMPTY_GRID_ZERO, ROICORE_EMPTY_GRID_NAN
+        ROICORE_PSROI_FORMULA_RFCN, ROICORE_PSROI_FORMULA_TORCHVISION
     ctypedef struct roicore_max_pool_rules:
         pass
     ctypedef struct roicore_bilinear_pool_rules:
@@ -62,6 +63,8 @@ cdef extern from "roicore.h" nogil:
     ctypedef struct roicore_psroi_pool_rules:
         pass
     ctypedef struct roicore_roi_align_rules:
+        pass
+    ctypedef struct roicore_ps_roi_align_rules:
         pass
 
     int roicore_max_pool_rules_from_array(const int64_t *fields, int64_t n,
@@ -73,6 +76,9 @@ cdef extern from "roicore.h" nogil:
                                             roicore_psroi_pool_rules *rules, roicore_error *err)
     int roicore_roi_align_rules_from_array(const int64_t *fields, int64_t n,
                                            roicore_roi_align_rules *rules, roicore_error *err)
+    int roicore_ps_roi_align_rules_from_array(const int64_t *fields, int64_t n,
+                                              roicore_ps_roi_align_rules *rules,
+                                              roicore_error *err)
 
     int roicore_batch_from_column(const void *column, roicore_dtype dtype, int64_t stride,
                                   int64_t k, int64_t n_images, int masked, int64_t *batch,
@@ -133,6 +139,16 @@ cdef extern from "roicore.h" nogil:
                                    double spatial_scale, int64_t sampling_ratio, int aligned,
                                    const roicore_tensor *grad_input, const roicore_exec *exec,
                                    roicore_error *err)
+    int roicore_ps_roi_align_forward(const roicore_ps_roi_align_rules *rules,
+                                     const roicore_tensor *x, const roicore_boxes *boxes,
+                                     double spatial_scale, int64_t sampling_ratio,
+                                     const roicore_tensor *out, const roicore_exec *exec,
+                                     roicore_error *err)
+    int roicore_ps_roi_align_backward(const roicore_ps_roi_align_rules *rules,
+                                      const roicore_tensor *grad_output,
+                                      const roicore_boxes *boxes, double spatial_scale,
+                                      int64_t sampling_ratio, const roicore_tensor *grad_input,
+                                      const roicore_exec *exec, roicore_error *err)
 
     int roicore_api_version()
     int roicore_openmp_enabled()
@@ -171,12 +187,17 @@ _CODES = {
     },
     "PSRoIPoolRules": {
         "scale_precision": {"input": ROICORE_PRECISION_INPUT, "float32": ROICORE_PRECISION_FLOAT32},
+        "formula": {"rfcn": ROICORE_PSROI_FORMULA_RFCN,
+                    "torchvision": ROICORE_PSROI_FORMULA_TORCHVISION},
     },
     "RoIAlignRules": {
         "sampler": {"caffe2": ROICORE_SAMPLER_CAFFE2, "paddle": ROICORE_SAMPLER_PADDLE},
         "scale_precision": {"input": ROICORE_PRECISION_INPUT, "float32": ROICORE_PRECISION_FLOAT32},
         "empty_grid": {"zero": ROICORE_EMPTY_GRID_ZERO, "nan": ROICORE_EMPTY_GRID_NAN},
         "backward_min_size_always": {False: 0, True: 1},
+    },
+    "PSRoIAlignRules": {
+        "scale_precision": {"input": ROICORE_PRECISION_INPUT, "float32": ROICORE_PRECISION_FLOAT32},
     },
 }
 _code_cache = {}
@@ -481,6 +502,40 @@ def roi_align_backward(rules, grad_output, coords, batch, double spatial_scale,
     with nogil:
         status = roicore_roi_align_backward(&r, &tg, &b, spatial_scale, sampling_ratio, aligned,
                                             &tdx, &call.exec, &call.err)
+    call.check(status)
+
+
+def ps_roi_align_forward(rules, x, coords, batch, double spatial_scale, int64_t sampling_ratio,
+                         out, int n_threads, bint masked=False):
+    cdef int64_t f[8]
+    cdef roicore_ps_roi_align_rules r
+    cdef roicore_error e
+    if roicore_ps_roi_align_rules_from_array(f, _fields(rules, f, 8), &r, &e):
+        _rules_error(&e)
+    cdef roicore_tensor tx = _tensor(x, False), to = _tensor(out, True)
+    cdef roicore_boxes b = _boxes(coords, batch, masked)
+    cdef _Call call = _Call(n_threads)
+    cdef int status
+    with nogil:
+        status = roicore_ps_roi_align_forward(&r, &tx, &b, spatial_scale, sampling_ratio, &to,
+                                              &call.exec, &call.err)
+    call.check(status)
+
+
+def ps_roi_align_backward(rules, grad_output, coords, batch, double spatial_scale,
+                          int64_t sampling_ratio, grad_input, int n_threads, bint masked=False):
+    cdef int64_t f[8]
+    cdef roicore_ps_roi_align_rules r
+    cdef roicore_error e
+    if roicore_ps_roi_align_rules_from_array(f, _fields(rules, f, 8), &r, &e):
+        _rules_error(&e)
+    cdef roicore_tensor tg = _tensor(grad_output, False), tdx = _tensor(grad_input, True)
+    cdef roicore_boxes b = _boxes(coords, batch, masked)
+    cdef _Call call = _Call(n_threads)
+    cdef int status
+    with nogil:
+        status = roicore_ps_roi_align_backward(&r, &tg, &b, spatial_scale, sampling_ratio, &tdx,
+                                               &call.exec, &call.err)
     call.check(status)
 
 

@@ -42,13 +42,14 @@ from . import _binding
 from . import _validate as V
 from ._threads import effective_n_threads
 from .conventions import (
-    BILINEAR_POOL, MAX_POOL, PSROI_POOL, ROI_ALIGN,
-    BilinearPoolRules, MaxPoolRules, PSRoIPoolRules, RoIAlignRules, resolve,
+    BILINEAR_POOL, MAX_POOL, PSROI_ALIGN, PSROI_POOL, ROI_ALIGN,
+    BilinearPoolRules, MaxPoolRules, PSRoIAlignRules, PSRoIPoolRules, RoIAlignRules, resolve,
 )
 
 __all__ = [
     "roi_pool", "roi_pool_backward", "roi_pool_boxes_backward", "psroi_pool",
-    "psroi_pool_backward", "roi_align", "roi_align_backward",
+    "psroi_pool_backward", "roi_align", "roi_align_backward", "ps_roi_align",
+    "ps_roi_align_backward",
 ]
 
 _METHODS = ("max", "bilinear", "nearest")
@@ -275,30 +276,47 @@ def _psroi_setup(output_size, group_size, C, output_channels, channels_of="x"):
     return PH, PW, GH, GW, int(output_channels)
 
 
+def _check_group(rules, pooled, group):
+    if rules.formula == "torchvision" and tuple(group) != tuple(pooled):
+        raise ValueError(f"group_size must be None or the pooled size {tuple(pooled)} with "
+                         f"convention 'torchvision', got {tuple(group)}")
+
+
 def psroi_pool(x, boxes, output_size, spatial_scale=1.0, *, output_channels=None, group_size=None,
                batch_indices=None, masked=False, convention="paddle", n_threads=None, out=None):
-    """Position-sensitive RoI average pooling (R-FCN), as Paddle psroi_pool / MXNet PSROIPooling.
+    """Position-sensitive RoI average pooling (R-FCN): Paddle psroi_pool, MXNet
+    PSROIPooling, torchvision ps_roi_pool.
 
-    Box coordinates are rounded *before* scaling, the end gets ``+1`` before scaling, the
-    box is at least 0.1 feature pixels wide, and bin p spans ``floor(start + p*bin)`` ..
-    ``ceil(start + (p+1)*bin)`` clamped to the map.  Output channel d at cell (ph, pw)
-    averages input channel ``(d*GH + gh)*GW + gw``, where (gh, gw) is the group cell of
-    (ph, pw) (``floor(ph*GH/PH)``; the cell itself when ``group_size`` is the pooled size).
-    Empty bins (a box outside the map) give 0; a reversed or zero-size box is a 0.1-wide
-    box at its start, so each bin covers one or two pixels.
+    Output channel d at cell (ph, pw) averages input channel ``(d*GH + gh)*GW + gw`` over
+    the cell's bin, where (gh, gw) is the group cell of (ph, pw) (``floor(ph*GH/PH)``; the
+    cell itself when ``group_size`` is the pooled size).  Empty bins (a box outside the
+    map) give 0.
+
+    convention "paddle" (default) and "mxnet" (the same numbers; both keep spatial_scale
+    as a C float)
+        Box coordinates are rounded *before* scaling, the end gets ``+1`` before scaling,
+        the box is at least 0.1 feature pixels wide, and bin p spans
+        ``floor(start + p*bin)`` .. ``ceil(start + (p+1)*bin)`` clamped to the map.  A
+        reversed or zero-size box is a 0.1-wide box at its start, so each bin covers one
+        or two pixels.
+    convention "torchvision"
+        ``round(x*s)`` after scaling, no ``+1``, at least 1 pixel, and bin p spans
+        ``floor(p*bin)`` .. ``ceil((p+1)*bin)`` from the rounded start, clamped to
+        [0, H-1] x [0, W-1]: the last row and column of the map are never read.
+        ``group_size`` must be None or the pooled size.
 
     output_channels : int, optional
         D; x must have exactly ``D * GH * GW`` channels (inferred when omitted).
     group_size : int or (int, int), optional
         MXNet's ``group_size`` (GH, GW); defaults to ``output_size``.
 
-    Returns an array of shape (K, D, PH, PW).  Conventions "paddle" and "mxnet" compute the
-    same numbers (both keep spatial_scale as a C float).
+    Returns an array of shape (K, D, PH, PW).
     """
     rules = resolve(convention, PSROI_POOL, PSRoIPoolRules, "psroi_pool")
     xc, out_dtype = V.nchw_float(x, "x")
     N, C, H, W = xc.shape
     PH, PW, GH, GW, D = _psroi_setup(output_size, group_size, C, output_channels)
+    _check_group(rules, (PH, PW), (GH, GW))
     spatial_scale = V.positive_scale(spatial_scale)
     coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype, masked)
     scale = _scale_for(rules, spatial_scale, xc.dtype)
@@ -314,12 +332,16 @@ def psroi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, g
                         batch_indices=None, masked=False, convention="paddle", n_threads=None,
                         out=None):
     """Gradient of :func:`psroi_pool`: each output gradient divided by its bin area, added
-    to every pixel of the bin, in (box, channel, ph, pw) order."""
+    to every pixel of the bin, in (box, channel, ph, pw) order.
+
+    With convention "torchvision" the bins are torchvision's backward's, which differ from
+    its forward's: clamped to [0, H] x [0, W], and from coordinates rounded in float32."""
     rules = resolve(convention, PSROI_POOL, PSRoIPoolRules, "psroi_pool_backward")
     shape = V.input_shape(input_shape)
     N, C, H, W = shape
     g, out_dtype = V.nchw_float(grad_output, "grad_output", "(K, D, PH, PW)")
     _, _, GH, GW, D = _psroi_setup(g.shape[2:], group_size, C, None, "input_shape")
+    _check_group(rules, g.shape[2:], (GH, GW))
     spatial_scale = V.positive_scale(spatial_scale)
     coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype, masked)
     V.expect_shape(g, (coords.shape[0], D) + g.shape[2:], "grad_output")
@@ -396,4 +418,66 @@ def roi_align_backward(grad_output, boxes, input_shape, spatial_scale=1.0, sampl
     dx = _output(out, shape, g, out_dtype, boxes, batch_indices)
     _binding.roi_align_backward(rules, g, coords, batch, spatial_scale, sampling_ratio, aligned,
                                 dx, threads, masked)
+    return dx.astype(out_dtype, copy=False)
+
+
+def _ps_align_setup(convention, spatial_scale, sampling_ratio, op):
+    return (resolve(convention, PSROI_ALIGN, PSRoIAlignRules, op), V.positive_scale(spatial_scale),
+            V.sampling_ratio(sampling_ratio))
+
+
+def ps_roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, *,
+                 batch_indices=None, masked=False, convention="torchvision", n_threads=None,
+                 out=None):
+    """Position-sensitive RoIAlign (Light-Head R-CNN), as torchvision ps_roi_align.
+
+    x has ``D * PH * PW`` channels; output channel d at cell (ph, pw) is the mean of the
+    bilinear samples of input channel ``(d*PH + ph)*PW + pw`` on the bin's grid.  Boxes are
+    always aligned (``x*s - 0.5``: pixel centres) and have no minimum size; each bin takes
+    ``sampling_ratio`` samples per axis, or ``ceil(bin size)`` when ``sampling_ratio`` is
+    -1 or 0.  Samples more than one pixel outside the map add 0 (and still count).
+
+    Edge cases, as torchvision computes them: with adaptive sampling a zero-size box has an
+    empty grid and gives NaN (0/0), and a reversed box gives zeros whose sign is that of
+    its grid's size; with a fixed ``sampling_ratio`` a reversed box is sampled back to
+    front.
+
+    Returns an array of shape (K, D, PH, PW).
+    """
+    rules, spatial_scale, sampling_ratio = _ps_align_setup(convention, spatial_scale,
+                                                           sampling_ratio, "ps_roi_align")
+    xc, out_dtype = V.nchw_float(x, "x")
+    N, C, H, W = xc.shape
+    PH, PW, _, _, D = _psroi_setup(output_size, None, C, None)
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype, masked)
+    scale = _scale_for(rules, spatial_scale, xc.dtype)
+    V.coordinate_range(V.unmasked(coords, batch, masked), scale, scale)
+    V.adaptive_grid(V.unmasked(coords, batch, masked), scale, (PH, PW), sampling_ratio)
+    threads = effective_n_threads(n_threads)
+    out = _output(out, (coords.shape[0], D, PH, PW), xc, out_dtype, boxes, batch_indices)
+    _binding.ps_roi_align_forward(rules, xc, coords, batch, spatial_scale, sampling_ratio, out,
+                                  threads, masked)
+    return out.astype(out_dtype, copy=False)
+
+
+def ps_roi_align_backward(grad_output, boxes, input_shape, spatial_scale=1.0, sampling_ratio=-1,
+                          *, batch_indices=None, masked=False, convention="torchvision",
+                          n_threads=None, out=None):
+    """Gradient of :func:`ps_roi_align`: ``g * w / count`` added to the four neighbours of
+    every in-range sample, in (box, channel, ph, pw, sample) order."""
+    rules, spatial_scale, sampling_ratio = _ps_align_setup(convention, spatial_scale,
+                                                           sampling_ratio, "ps_roi_align_backward")
+    shape = V.input_shape(input_shape)
+    N, C, H, W = shape
+    g, out_dtype = V.nchw_float(grad_output, "grad_output", "(K, D, PH, PW)")
+    PH, PW, _, _, D = _psroi_setup(g.shape[2:], None, C, None, "input_shape")
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype, masked)
+    V.expect_shape(g, (coords.shape[0], D, PH, PW), "grad_output")
+    scale = _scale_for(rules, spatial_scale, g.dtype)
+    V.coordinate_range(V.unmasked(coords, batch, masked), scale, scale)
+    V.adaptive_grid(V.unmasked(coords, batch, masked), scale, (PH, PW), sampling_ratio)
+    threads = effective_n_threads(n_threads)
+    dx = _output(out, shape, g, out_dtype, boxes, batch_indices)
+    _binding.ps_roi_align_backward(rules, g, coords, batch, spatial_scale, sampling_ratio, dx,
+                                   threads, masked)
     return dx.astype(out_dtype, copy=False)

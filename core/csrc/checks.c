@@ -180,6 +180,17 @@ int roicore_check_coord_range(const roicore_boxes *b, roicore_dtype dtype, doubl
     return ROICORE_OK;
 }
 
+int roicore_check_grid(int64_t k, int64_t grid_y, int64_t grid_x, roicore_error *err) {
+    if (grid_y > ROICORE_MAX_GRID || grid_x > ROICORE_MAX_GRID ||
+        (grid_y > 0 && grid_x > 0 && grid_y * grid_x > ROICORE_MAX_SAMPLES_PER_BIN))
+        return roicore_fail(err, ROICORE_ERR_VALUE,
+                            "boxes[%lld] would take %lld x %lld samples per bin with adaptive "
+                            "sampling; at most %d per axis and %d per bin are supported: pass "
+                            "sampling_ratio > 0", (long long)k, (long long)grid_y,
+                            (long long)grid_x, ROICORE_MAX_GRID, ROICORE_MAX_SAMPLES_PER_BIN);
+    return ROICORE_OK;
+}
+
 /* ------------------------------------------------------------------------ batch indices */
 
 int roicore_batch_from_column(const void *column, roicore_dtype dtype, int64_t stride,
@@ -329,6 +340,7 @@ int roicore_check_bilinear_pool_rules(const roicore_bilinear_pool_rules *r, roic
 int roicore_check_psroi_pool_rules(const roicore_psroi_pool_rules *r, roicore_error *err) {
     if (!r) return roicore_fail(err, ROICORE_ERR_ARGUMENT, "PS-RoI rules are missing (NULL)");
     FIELD_IN("PSRoIPoolRules", "scale_precision", r->scale_precision, 0, 1)
+    FIELD_IN("PSRoIPoolRules", "formula", r->formula, 0, 1)
     return ROICORE_OK;
 }
 
@@ -338,6 +350,12 @@ int roicore_check_roi_align_rules(const roicore_roi_align_rules *r, roicore_erro
     FIELD_IN("RoIAlignRules", "scale_precision", r->scale_precision, 0, 1)
     FIELD_IN("RoIAlignRules", "empty_grid", r->empty_grid, 0, 1)
     FIELD_IN("RoIAlignRules", "backward_min_size_always", r->backward_min_size_always, 0, 1)
+    return ROICORE_OK;
+}
+
+int roicore_check_ps_roi_align_rules(const roicore_ps_roi_align_rules *r, roicore_error *err) {
+    if (!r) return roicore_fail(err, ROICORE_ERR_ARGUMENT, "PS-RoIAlign rules are missing (NULL)");
+    FIELD_IN("PSRoIAlignRules", "scale_precision", r->scale_precision, 0, 1)
     return ROICORE_OK;
 }
 
@@ -382,13 +400,15 @@ int roicore_bilinear_pool_rules_from_array(const int64_t *f, int64_t n,
 
 int roicore_psroi_pool_rules_from_array(const int64_t *f, int64_t n, roicore_psroi_pool_rules *r,
                                         roicore_error *err) {
-    int rc = field_count("PSRoIPoolRules", n, 1, err);
+    int rc = field_count("PSRoIPoolRules", n, 2, err);
     if (rc) return rc;
-    if (f[0] < 0 || f[0] > 1)
-        return roicore_fail(err, ROICORE_ERR_ARGUMENT,
-                            "PSRoIPoolRules.scale_precision must be a code in [0, 1], got %lld",
-                            (long long)f[0]);
+    for (int i = 0; i < 2; ++i)
+        if (f[i] < 0 || f[i] > 1)
+            return roicore_fail(err, ROICORE_ERR_ARGUMENT,
+                                "PSRoIPoolRules field %d must be a code in [0, 1], got %lld", i,
+                                (long long)f[i]);
     r->scale_precision = (roicore_precision)f[0];
+    r->formula = (roicore_psroi_formula)f[1];
     return ROICORE_OK;
 }
 
@@ -405,6 +425,18 @@ int roicore_roi_align_rules_from_array(const int64_t *f, int64_t n, roicore_roi_
     r->scale_precision = (roicore_precision)f[1];
     r->empty_grid = (roicore_empty_grid)f[2];
     r->backward_min_size_always = (int)f[3];
+    return ROICORE_OK;
+}
+
+int roicore_ps_roi_align_rules_from_array(const int64_t *f, int64_t n,
+                                          roicore_ps_roi_align_rules *r, roicore_error *err) {
+    int rc = field_count("PSRoIAlignRules", n, 1, err);
+    if (rc) return rc;
+    if (f[0] < 0 || f[0] > 1)
+        return roicore_fail(err, ROICORE_ERR_ARGUMENT,
+                            "PSRoIAlignRules.scale_precision must be a code in [0, 1], got %lld",
+                            (long long)f[0]);
+    r->scale_precision = (roicore_precision)f[0];
     return ROICORE_OK;
 }
 
@@ -425,6 +457,21 @@ int roicore_check_forward(const roicore_tensor *x, const roicore_boxes *boxes, i
         (rc = roicore_check_disjoint(out->data, bytes, "out", boxes->batch, 8 * boxes->k,
                                      "batch indices", err)))
         return rc;
+    return ROICORE_OK;
+}
+
+int roicore_check_ps_channels(const roicore_tensor *map, int64_t out_channels, int64_t GH,
+                              int64_t GW, roicore_error *err) {
+    if (GH < 1 || GW < 1)
+        return roicore_fail(err, ROICORE_ERR_ARGUMENT, "group size must be >= 1, got %lld x %lld",
+                            (long long)GH, (long long)GW);
+    if (roicore_mul(roicore_mul(out_channels, GH), GW) != map->c)
+        return roicore_fail(err, ROICORE_ERR_ARGUMENT,
+                            "the feature map must have output_channels * %lld * %lld = %lld "
+                            "channels (output_channels=%lld, group %lldx%lld), got C=%lld",
+                            (long long)GH, (long long)GW, (long long)(out_channels * GH * GW),
+                            (long long)out_channels, (long long)GH, (long long)GW,
+                            (long long)map->c);
     return ROICORE_OK;
 }
 

@@ -16,6 +16,10 @@
 #define ROICORE_MAX_GRID 65536
 #define ROICORE_MAX_SAMPLES_PER_BIN (1 << 20)
 
+/* Box k's sampling grid (grid_y x grid_x samples per bin; a side <= 0 means none) within
+ * those limits. */
+int roicore_check_grid(int64_t k, int64_t grid_y, int64_t grid_x, roicore_error *err);
+
 /* A tensor's own consistency: dtype, layout, dimensions, byte count, data, alignment. */
 int roicore_check_tensor(const roicore_tensor *t, const char *name, roicore_error *err);
 /* ... and a feature map's: H, W >= 1 and below 2**31. */
@@ -55,5 +59,10 @@ int roicore_check_max_pool_rules(const roicore_max_pool_rules *r, roicore_error 
 int roicore_check_bilinear_pool_rules(const roicore_bilinear_pool_rules *r, roicore_error *err);
 int roicore_check_psroi_pool_rules(const roicore_psroi_pool_rules *r, roicore_error *err);
 int roicore_check_roi_align_rules(const roicore_roi_align_rules *r, roicore_error *err);
+int roicore_check_ps_roi_align_rules(const roicore_ps_roi_align_rules *r, roicore_error *err);
+
+/* A position-sensitive map of out_channels * GH * GW channels (GH x GW: the group size). */
+int roicore_check_ps_channels(const roicore_tensor *map, int64_t out_channels, int64_t GH,
+                              int64_t GW, roicore_error *err);
 
 #endif

@@ -3,8 +3,9 @@
  * Operators, forward and backward, float32 and float64:
  *   roi_pool max       RoI max pooling (Fast R-CNN), every framework's convention
  *   roi_pool bilinear  bilinear RoI pooling (OpenVINO ROIPooling "bilinear", TF crop_and_resize)
- *   psroi_pool         position-sensitive RoI average pooling (R-FCN)
+ *   psroi_pool         position-sensitive RoI average pooling (R-FCN, torchvision)
  *   roi_align          RoIAlign (Mask R-CNN)
+ *   ps_roi_align       position-sensitive RoIAlign (Light-Head R-CNN, torchvision)
  *
  * Every entry point checks all of its arguments before it touches an array: shapes, sizes
  * whose products would overflow int64, batch indices, argmax values, coordinates that
@@ -120,6 +121,10 @@ typedef enum {
 } roicore_argmax_encoding;
 
 typedef enum { ROICORE_SAMPLER_CAFFE2 = 0, ROICORE_SAMPLER_PADDLE = 1 } roicore_sampler;
+typedef enum {
+    ROICORE_PSROI_FORMULA_RFCN = 0,        /* "rfcn" */
+    ROICORE_PSROI_FORMULA_TORCHVISION = 1  /* "torchvision" */
+} roicore_psroi_formula;
 typedef enum { ROICORE_EMPTY_GRID_ZERO = 0, ROICORE_EMPTY_GRID_NAN = 1 } roicore_empty_grid;
 
 /* MaxPoolRules */
@@ -142,6 +147,7 @@ typedef struct {
 /* PSRoIPoolRules */
 typedef struct {
     roicore_precision scale_precision;  /* INPUT or FLOAT32 */
+    roicore_psroi_formula formula;
 } roicore_psroi_pool_rules;
 
 /* RoIAlignRules */
@@ -151,6 +157,11 @@ typedef struct {
     roicore_empty_grid empty_grid;
     int backward_min_size_always;
 } roicore_roi_align_rules;
+
+/* PSRoIAlignRules */
+typedef struct {
+    roicore_precision scale_precision;  /* INPUT or FLOAT32 */
+} roicore_ps_roi_align_rules;
 
 /* Rules from an array of their fields' values in declaration order (for native ops, which
  * receive the rules as an integer-list attribute); each value is range-checked. */
@@ -163,6 +174,8 @@ int roicore_psroi_pool_rules_from_array(const int64_t *fields, int64_t n,
                                         roicore_psroi_pool_rules *rules, roicore_error *err);
 int roicore_roi_align_rules_from_array(const int64_t *fields, int64_t n,
                                        roicore_roi_align_rules *rules, roicore_error *err);
+int roicore_ps_roi_align_rules_from_array(const int64_t *fields, int64_t n,
+                                          roicore_ps_roi_align_rules *rules, roicore_error *err);
 
 /* ------------------------------------------------------------------------ boxes */
 
@@ -265,7 +278,8 @@ int roicore_roi_pool_bilinear_boxes_backward(const roicore_bilinear_pool_rules *
                                              const roicore_exec *exec, roicore_error *err);
 
 /* Position-sensitive RoI average pooling.  x has C = D * group_h * group_w channels, out
- * is (K, D, PH, PW). */
+ * is (K, D, PH, PW).  With rules->formula TORCHVISION (torchvision's bins) the group size
+ * must be the pooled size. */
 int roicore_psroi_pool_forward(const roicore_psroi_pool_rules *rules, const roicore_tensor *x,
                                const roicore_boxes *boxes, double spatial_scale,
                                int64_t group_h, int64_t group_w, const roicore_tensor *out,
@@ -291,6 +305,22 @@ int roicore_roi_align_backward(const roicore_roi_align_rules *rules,
                                double spatial_scale, int64_t sampling_ratio, int aligned,
                                const roicore_tensor *grad_input, const roicore_exec *exec,
                                roicore_error *err);
+
+/* Position-sensitive RoIAlign (torchvision ps_roi_align): x has C = D * PH * PW channels,
+ * out is (K, D, PH, PW).  Always aligned; sampling_ratio <= 0: ceil(bin size) samples per
+ * bin and axis. */
+int roicore_ps_roi_align_forward(const roicore_ps_roi_align_rules *rules,
+                                 const roicore_tensor *x, const roicore_boxes *boxes,
+                                 double spatial_scale, int64_t sampling_ratio,
+                                 const roicore_tensor *out, const roicore_exec *exec,
+                                 roicore_error *err);
+
+/* Its gradient.  Writes every element of grad_input. */
+int roicore_ps_roi_align_backward(const roicore_ps_roi_align_rules *rules,
+                                  const roicore_tensor *grad_output, const roicore_boxes *boxes,
+                                  double spatial_scale, int64_t sampling_ratio,
+                                  const roicore_tensor *grad_input, const roicore_exec *exec,
+                                  roicore_error *err);
 
 /* ------------------------------------------------------------------------ runtime */
 

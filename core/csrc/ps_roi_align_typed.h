@@ -1,0 +1,200 @@
+/* Position-sensitive RoIAlign (torchvision ps_roi_align) for element type T; ps_roi_align.c
+ * includes this once per dtype with T and SFX defined.
+ *
+ * Output channel d at cell (ph, pw) is the mean of the samples of input channel
+ * c = (d*PH + ph)*PW + pw, so a box reads each input channel in one bin only.  The samples
+ * are RoIAlign's Caffe2 samples (align_samples_typed.h), always aligned and without a
+ * minimum box size.  Unlike RoIAlign, a sample outside [-1, size] adds a plain 0 (no
+ * 0 * v[0]), and the sum is divided by the grid size as torchvision counts it: an empty
+ * grid gives 0/0, a negative one a signed zero.
+ *
+ * The forward runs one task per (box, pooled row), whose row samples serve the whole row.
+ * The backward runs one task per input channel: it owns that channel's planes in every
+ * image and adds into them box by box, which is torchvision's serial order restricted to
+ * those planes (a box adds to a channel from one bin only), so results do not depend on
+ * the thread count. */
+
+#define TYPED(name) ROICORE_CAT(name, SFX)
+#define PS_BOX TYPED(ps_align_box)
+
+#include "align_samples_typed.h"
+
+/* A box's start, bin size and grid on each axis; grids <= 0 (and masked boxes) have no
+ * samples. */
+typedef struct {
+    T ystart, ybin, xstart, xbin;
+    int64_t ygrid, xgrid;
+} PS_BOX;
+
+/* Every box's record, checked against the grid limits; max_grid is the largest side of a
+ * grid with samples. */
+static int TYPED(ps_align_boxes)(const roicore_boxes *boxes, double scale, int64_t sampling_ratio,
+                                 int64_t PH, int64_t PW, PS_BOX *geo, int64_t *max_grid,
+                                 roicore_error *err) {
+    const T s = (T)scale, *c = (const T *)boxes->coords;
+    *max_grid = 1;
+    for (int64_t k = 0; k < boxes->k; ++k) {
+        PS_BOX *g = &geo[k];
+        if (boxes->masked && boxes->batch[k] < 0) {
+            g->ygrid = g->xgrid = 0;
+            continue;
+        }
+        TYPED(align_axis)(c[4 * k + 1], c[4 * k + 3], s, (T)0.5, PH, sampling_ratio, 0,
+                          &g->ystart, &g->ybin, &g->ygrid);
+        TYPED(align_axis)(c[4 * k + 0], c[4 * k + 2], s, (T)0.5, PW, sampling_ratio, 0,
+                          &g->xstart, &g->xbin, &g->xgrid);
+        const int rc = roicore_check_grid(k, g->ygrid, g->xgrid, err);
+        if (rc) return rc;
+        if (g->ygrid > 0 && g->xgrid > 0)
+            *max_grid = roicore_max64(*max_grid, roicore_max64(g->ygrid, g->xgrid));
+    }
+    return ROICORE_OK;
+}
+
+/* The box records and every thread's row and column samples in one scratch block. */
+typedef struct {
+    PS_BOX *geo;
+    char *pieces;
+    int64_t piece_bytes, max_grid;
+} TYPED(ps_align_plan);
+
+static int TYPED(ps_align_plan_make)(TYPED(ps_align_plan) *p, const roicore_boxes *boxes,
+                                     double scale, int64_t sampling_ratio, int64_t PH, int64_t PW,
+                                     int n_threads, roicore_error *err) {
+    const int64_t geo_bytes = roicore_round_up(roicore_mul(boxes->k, sizeof(PS_BOX)), ROICORE_LINE);
+    PS_BOX *geo = geo_bytes < 0 ? NULL
+        : (PS_BOX *)roicore_scratch(geo_bytes, "PS-RoIAlign box records", err);
+    if (!geo) return err ? err->code : ROICORE_ERR_MEMORY;
+    int rc = TYPED(ps_align_boxes)(boxes, scale, sampling_ratio, PH, PW, geo, &p->max_grid, err);
+    if (rc) {
+        roicore_scratch_free(geo);
+        return rc;
+    }
+    p->geo = geo;
+    p->piece_bytes = roicore_round_up(TYPED(samples_bytes)(2 * p->max_grid), ROICORE_LINE);
+    p->pieces = (char *)roicore_scratch(n_threads * p->piece_bytes, "PS-RoIAlign samples", err);
+    if (!p->pieces) {
+        roicore_scratch_free(geo);
+        return err ? err->code : ROICORE_ERR_MEMORY;
+    }
+    return ROICORE_OK;
+}
+
+static void TYPED(ps_align_plan_free)(TYPED(ps_align_plan) *p) {
+    roicore_scratch_free(p->geo);
+    roicore_scratch_free(p->pieces);
+}
+
+/* The calling thread's row (column = 0) or column samples. */
+static SAMPLES TYPED(ps_align_piece)(const TYPED(ps_align_plan) *p, int column) {
+    char *mine = p->pieces + omp_get_thread_num() * p->piece_bytes;
+    return TYPED(carve)(column ? mine + TYPED(samples_bytes)(p->max_grid) : mine, p->max_grid);
+}
+
+/* The mean of a bin's samples of one plane: ((w1*a + w2*b) + w3*c) + w4*d per sample,
+ * summed from 0 in (iy, ix) order, divided by count. */
+static T TYPED(ps_align_mean)(const T *plane, int64_t W, SAMPLES y, int64_t gy, SAMPLES x,
+                              int64_t gx, T count) {
+    T sum = 0;
+    for (int64_t iy = 0; iy < gy; ++iy) {
+        const T *lo = plane + y.lo[iy] * W, *hi = plane + y.hi[iy] * W;
+        for (int64_t ix = 0; ix < gx; ++ix) {
+            if (y.lo[iy] < 0 || x.lo[ix] < 0) {
+                sum += (T)0;  /* not skipped: it turns a sum of -0 into +0, as in torchvision */
+                continue;
+            }
+            const T w1 = y.lw[iy] * x.lw[ix], w2 = y.lw[iy] * x.hw[ix];
+            const T w3 = y.hw[iy] * x.lw[ix], w4 = y.hw[iy] * x.hw[ix];
+            sum += w1 * lo[x.lo[ix]] + w2 * lo[x.hi[ix]] + w3 * hi[x.lo[ix]] + w4 * hi[x.hi[ix]];
+        }
+    }
+    return sum / count;
+}
+
+static int TYPED(ps_align_forward)(const roicore_tensor *x, const roicore_boxes *boxes,
+                                   double scale, int64_t sampling_ratio, const roicore_tensor *out,
+                                   roicore_run *run, roicore_error *err) {
+    const int64_t K = boxes->k, C = x->c, H = x->h, W = x->w;
+    const int64_t D = out->c, PH = out->h, PW = out->w;
+    TYPED(ps_align_plan) p;
+    int rc = TYPED(ps_align_plan_make)(&p, boxes, scale, sampling_ratio, PH, PW, run->n_threads,
+                                       err);
+    if (rc) return rc;
+    const T *xd = (const T *)x->data;
+    T *od = (T *)out->data;
+#pragma omp parallel for num_threads(run->n_threads) schedule(dynamic, 1)
+    for (int64_t task = 0; task < K * PH; ++task) {
+        if (roicore_stopping(run)) continue;
+        const int64_t k = task / PH, ph = task % PH, b = boxes->batch[k];
+        const PS_BOX *g = &p.geo[k];
+        T *o = od + k * D * PH * PW + ph * PW;  /* (k, d, ph, pw) is o[d*PH*PW + pw] */
+        const int none = g->ygrid <= 0 || g->xgrid <= 0;
+        const int64_t gy = none ? 0 : g->ygrid, gx = none ? 0 : g->xgrid;
+        const T count = (T)(g->ygrid * g->xgrid);
+        SAMPLES ys = TYPED(ps_align_piece)(&p, 0), xs = TYPED(ps_align_piece)(&p, 1);
+        TYPED(bin_samples)(g->ystart, g->ybin, gy, ph, H, ROICORE_SAMPLER_CAFFE2, ys);
+        for (int64_t pw = 0; pw < PW; ++pw) {
+            TYPED(bin_samples)(g->xstart, g->xbin, gx, pw, W, ROICORE_SAMPLER_CAFFE2, xs);
+            for (int64_t d = 0; d < D; ++d) {
+                if (b < 0) {  /* a masked box */
+                    o[d * PH * PW + pw] = 0;
+                    continue;
+                }
+                const T *plane = xd + (b * C + (d * PH + ph) * PW + pw) * H * W;
+                o[d * PH * PW + pw] = TYPED(ps_align_mean)(plane, W, ys, gy, xs, gx, count);
+            }
+        }
+    }
+    TYPED(ps_align_plan_free)(&p);
+    return roicore_run_status(run, err);
+}
+
+static int TYPED(ps_align_backward)(const roicore_tensor *g_out, const roicore_boxes *boxes,
+                                    double scale, int64_t sampling_ratio,
+                                    const roicore_tensor *dx, roicore_run *run,
+                                    roicore_error *err) {
+    const int64_t K = boxes->k, N = dx->n, C = dx->c, H = dx->h, W = dx->w, HW = H * W;
+    const int64_t PH = g_out->h, PW = g_out->w;
+    TYPED(ps_align_plan) p;
+    int rc = TYPED(ps_align_plan_make)(&p, boxes, scale, sampling_ratio, PH, PW, run->n_threads,
+                                       err);
+    if (rc) return rc;
+    const T *gd = (const T *)g_out->data;
+    T *dxd = (T *)dx->data;
+#pragma omp parallel for num_threads(run->n_threads) schedule(dynamic, 1)
+    for (int64_t c = 0; c < C; ++c) {
+        if (roicore_stopping(run)) continue;
+        for (int64_t n = 0; n < N; ++n) memset(dxd + (n * C + c) * HW, 0, (size_t)HW * sizeof(T));
+        const int64_t ph = c / PW % PH, pw = c % PW;
+        SAMPLES ys = TYPED(ps_align_piece)(&p, 0), xs = TYPED(ps_align_piece)(&p, 1);
+        for (int64_t k = 0; k < K; ++k) {
+            const PS_BOX *g = &p.geo[k];
+            const int64_t b = boxes->batch[k], gy = g->ygrid, gx = g->xgrid;
+            if (b < 0 || gy <= 0 || gx <= 0) continue;
+            const T count = (T)(gy * gx);
+            const T gv = gd[k * C + c];  /* (k, d, ph, pw): c = (d*PH + ph)*PW + pw */
+            TYPED(bin_samples)(g->ystart, g->ybin, gy, ph, H, ROICORE_SAMPLER_CAFFE2, ys);
+            TYPED(bin_samples)(g->xstart, g->xbin, gx, pw, W, ROICORE_SAMPLER_CAFFE2, xs);
+            T *plane = dxd + (b * C + c) * HW;
+            for (int64_t iy = 0; iy < gy; ++iy) {
+                if (ys.lo[iy] < 0) continue;
+                T *lo = plane + ys.lo[iy] * W, *hi = plane + ys.hi[iy] * W;
+                for (int64_t ix = 0; ix < gx; ++ix) {
+                    if (xs.lo[ix] < 0) continue;
+                    const T w1 = ys.lw[iy] * xs.lw[ix], w2 = ys.lw[iy] * xs.hw[ix];
+                    const T w3 = ys.hw[iy] * xs.lw[ix], w4 = ys.hw[iy] * xs.hw[ix];
+                    lo[xs.lo[ix]] += gv * w1 / count;
+                    lo[xs.hi[ix]] += gv * w2 / count;
+                    hi[xs.lo[ix]] += gv * w3 / count;
+                    hi[xs.hi[ix]] += gv * w4 / count;
+                }
+            }
+        }
+    }
+    TYPED(ps_align_plan_free)(&p);
+    return roicore_run_status(run, err);
+}
+
+#undef TYPED
+#undef PS_BOX
+#undef SAMPLES
