@@ -969,6 +969,15 @@ def _ps_align_box(box, s, sampling_ratio, PH, PW, T):
             _grid(sampling_ratio, rw, PW, T))
 
 
+def _ps_align_bin(sw, sh, bin_w, bin_h, pw, ph, gh, gw, H, W, T):
+    """The bilinear samples of bin (ph, pw), in (iy, ix) order, as _caffe2_bilinear gives
+    them: (in range, neighbours, weights)."""
+    for iy in range(gh):
+        yy = _caffe2_coord(sh, ph, bin_h, iy, gh, T)
+        for ix in range(gw):
+            yield _caffe2_bilinear(yy, _caffe2_coord(sw, pw, bin_w, ix, gw, T), H, W, T)
+
+
 def ps_roi_align(x, boxes, batch, output_size, spatial_scale, sampling_ratio, rules):
     """Forward: output (n, d, ph, pw) averages the samples of channel ``(d*PH + ph)*PW + pw``;
     out-of-range samples add a plain 0; the sum is divided by ``(T)(gh*gw)`` unclamped."""
@@ -990,17 +999,13 @@ def ps_roi_align(x, boxes, batch, output_size, spatial_scale, sampling_ratio, ru
                     for pw in range(PW):
                         v = x[b, (d * PH + ph) * PW + pw]
                         acc = T(0)
-                        for iy in range(gh):
-                            yy = _caffe2_coord(sh, ph, bin_h, iy, gh, T)
-                            for ix in range(gw):
-                                xx = _caffe2_coord(sw, pw, bin_w, ix, gw, T)
-                                ok, (yl, yh, xl, xh), (w1, w2, w3, w4) = _caffe2_bilinear(
-                                    yy, xx, H, W, T)
-                                val = T(0)
-                                if ok:
-                                    val = ((w1 * v[yl, xl] + w2 * v[yl, xh])
-                                           + w3 * v[yh, xl]) + w4 * v[yh, xh]
-                                acc = acc + val
+                        for ok, (yl, yh, xl, xh), (w1, w2, w3, w4) in _ps_align_bin(
+                                sw, sh, bin_w, bin_h, pw, ph, gh, gw, H, W, T):
+                            val = T(0)
+                            if ok:
+                                val = ((w1 * v[yl, xl] + w2 * v[yl, xh])
+                                       + w3 * v[yh, xl]) + w4 * v[yh, xh]
+                            acc = acc + val
                         y[n, d, ph, pw] = acc / count
     return y
 
@@ -1029,18 +1034,14 @@ def ps_roi_align_backward(grad_output, boxes, batch, input_shape, output_size, s
                     for pw in range(PW):
                         plane = dx[b, (d * PH + ph) * PW + pw]
                         gv = g[n, d, ph, pw]
-                        for iy in range(gh):
-                            yy = _caffe2_coord(sh, ph, bin_h, iy, gh, T)
-                            for ix in range(gw):
-                                xx = _caffe2_coord(sw, pw, bin_w, ix, gw, T)
-                                ok, (yl, yh, xl, xh), (w1, w2, w3, w4) = _caffe2_bilinear(
-                                    yy, xx, H, W, T)
-                                if not ok:
-                                    continue
-                                plane[yl, xl] = plane[yl, xl] + (gv * w1) / count
-                                plane[yl, xh] = plane[yl, xh] + (gv * w2) / count
-                                plane[yh, xl] = plane[yh, xl] + (gv * w3) / count
-                                plane[yh, xh] = plane[yh, xh] + (gv * w4) / count
+                        for ok, (yl, yh, xl, xh), (w1, w2, w3, w4) in _ps_align_bin(
+                                sw, sh, bin_w, bin_h, pw, ph, gh, gw, H, W, T):
+                            if not ok:
+                                continue
+                            plane[yl, xl] = plane[yl, xl] + (gv * w1) / count
+                            plane[yl, xh] = plane[yl, xh] + (gv * w2) / count
+                            plane[yh, xl] = plane[yh, xl] + (gv * w3) / count
+                            plane[yh, xh] = plane[yh, xh] + (gv * w4) / count
     return dx
 
 
