@@ -13,7 +13,8 @@ from reference import FLT_MAX, c_round, caffe_bin_edges, numeric_grad  # noqa: F
 from roicore.core import conventions as cv
 
 _RULE_TYPES = {cls.__name__: cls for cls in (cv.MaxPoolRules, cv.BilinearPoolRules,
-                                             cv.PSRoIPoolRules, cv.RoIAlignRules)}
+                                             cv.PSRoIPoolRules, cv.RoIAlignRules,
+                                             cv.PSRoIAlignRules)}
 
 
 def _rules(rules):
@@ -75,3 +76,16 @@ def roi_align_backward(grad_output, boxes, batch, input_shape, output_size, spat
     return rc.roi_align_backward(grad_output, _boxes(boxes, grad_output), input_shape,
                                  spatial_scale, sampling_ratio, aligned,
                                  batch_indices=np.asarray(batch), convention=_rules(rules))
+
+
+def ps_roi_align(x, boxes, batch, output_size, spatial_scale, sampling_ratio, rules):
+    return rc.ps_roi_align(x, _boxes(boxes, x), output_size, spatial_scale, sampling_ratio,
+                           batch_indices=np.asarray(batch), convention=_rules(rules))
+
+
+def ps_roi_align_backward(grad_output, boxes, batch, input_shape, output_size, spatial_scale,
+                          sampling_ratio, rules):
+    assert tuple(np.shape(grad_output)[2:]) == tuple(np.broadcast_to(output_size, 2))
+    return rc.ps_roi_align_backward(grad_output, _boxes(boxes, grad_output), input_shape,
+                                    spatial_scale, sampling_ratio,
+                                    batch_indices=np.asarray(batch), convention=_rules(rules))

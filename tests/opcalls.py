@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import roicore.core as rc
-from roicore.core.conventions import BILINEAR_POOL, MAX_POOL, PSROI_POOL, ROI_ALIGN
+from roicore.core.conventions import BILINEAR_POOL, MAX_POOL, PSROI_ALIGN, PSROI_POOL, ROI_ALIGN
 
 # ---------------------------------------------------------------------------------------
 # shared inputs and a uniform way to call every operator
@@ -23,13 +23,18 @@ BOXES = np.array([[0, 0.5, 1.0, 4.2, 5.1],
 NBOXES = np.array([[0, 0.1, 0.2, 0.8, 0.9],
                    [1, 0.05, 0.3, 0.5, 0.95]], np.float32)
 
-FORWARD = ["roi_pool_max", "roi_pool_bilinear", "roi_pool_nearest", "psroi_pool", "roi_align"]
+FORWARD = ["roi_pool_max", "roi_pool_bilinear", "roi_pool_nearest", "psroi_pool",
+           "psroi_pool_torchvision", "roi_align", "ps_roi_align"]
 BACKWARD = ["roi_pool_backward_max", "roi_pool_backward_bilinear", "roi_pool_backward_nearest",
-            "psroi_pool_backward",
-            "roi_align_backward"]
+            "psroi_pool_backward", "psroi_pool_backward_torchvision", "roi_align_backward",
+            "ps_roi_align_backward"]
 ALL_OPS = FORWARD + BACKWARD
-PSROI_OPS = ["psroi_pool", "psroi_pool_backward"]
+PSROI_OPS = ["psroi_pool", "psroi_pool_backward", "psroi_pool_torchvision",
+             "psroi_pool_backward_torchvision"]
 ALIGN_OPS = ["roi_align", "roi_align_backward"]
+PS_ALIGN_OPS = ["ps_roi_align", "ps_roi_align_backward"]
+# operators that take sampling_ratio
+SAMPLING_OPS = ALIGN_OPS + PS_ALIGN_OPS
 # operators that use the box coordinates (max-pool backward only needs argmax and batch)
 COORD_OPS = [op for op in ALL_OPS if op != "roi_pool_backward_max"]
 
@@ -38,12 +43,16 @@ _FN = {
     "roi_pool_bilinear": (rc.roi_pool, {"method": "bilinear"}),
     "roi_pool_nearest": (rc.roi_pool, {"method": "nearest"}),
     "psroi_pool": (rc.psroi_pool, {}),
+    "psroi_pool_torchvision": (rc.psroi_pool, {"convention": "torchvision"}),
     "roi_align": (rc.roi_align, {}),
+    "ps_roi_align": (rc.ps_roi_align, {}),
     "roi_pool_backward_max": (rc.roi_pool_backward, {"method": "max"}),
     "roi_pool_backward_bilinear": (rc.roi_pool_backward, {"method": "bilinear"}),
     "roi_pool_backward_nearest": (rc.roi_pool_backward, {"method": "nearest"}),
     "psroi_pool_backward": (rc.psroi_pool_backward, {}),
+    "psroi_pool_backward_torchvision": (rc.psroi_pool_backward, {"convention": "torchvision"}),
     "roi_align_backward": (rc.roi_align_backward, {}),
+    "ps_roi_align_backward": (rc.ps_roi_align_backward, {}),
 }
 
 # the conventions table and rules type each operator takes
@@ -56,8 +65,12 @@ _RULES = {
     "roi_pool_backward_nearest": (BILINEAR_POOL, "BilinearPoolRules"),
     "psroi_pool": (PSROI_POOL, "PSRoIPoolRules"),
     "psroi_pool_backward": (PSROI_POOL, "PSRoIPoolRules"),
+    "psroi_pool_torchvision": (PSROI_POOL, "PSRoIPoolRules"),
+    "psroi_pool_backward_torchvision": (PSROI_POOL, "PSRoIPoolRules"),
     "roi_align": (ROI_ALIGN, "RoIAlignRules"),
     "roi_align_backward": (ROI_ALIGN, "RoIAlignRules"),
+    "ps_roi_align": (PSROI_ALIGN, "PSRoIAlignRules"),
+    "ps_roi_align_backward": (PSROI_ALIGN, "PSRoIAlignRules"),
 }
 
 
@@ -70,9 +83,13 @@ def default_boxes(op):
     return NBOXES if crop(op) else BOXES
 
 
+def position_sensitive(op):
+    return op.startswith(("psroi", "ps_roi"))
+
+
 def out_channels(op):
-    """Channels of the forward output (psroi: D = C / (PS * PS))."""
-    return C // (PS * PS) if op.startswith("psroi") else C
+    """Channels of the forward output (position-sensitive: D = C / (PS * PS))."""
+    return C // (PS * PS) if position_sensitive(op) else C
 
 
 def call(op, *, x=None, boxes=None, output_size=PS, spatial_scale=1.0, grad=None,

@@ -16,8 +16,8 @@ import pytest
 import roicore.core as rc
 from roicore.core import conventions
 from roicore.core.conventions import (
-    BILINEAR_POOL, MAX_POOL, PSROI_POOL, ROI_ALIGN,
-    BilinearPoolRules, MaxPoolRules, PSRoIPoolRules, RoIAlignRules, resolve,
+    BILINEAR_POOL, MAX_POOL, PSROI_ALIGN, PSROI_POOL, ROI_ALIGN,
+    BilinearPoolRules, MaxPoolRules, PSRoIAlignRules, PSRoIPoolRules, RoIAlignRules, resolve,
 )
 
 FRAMEWORKS = ("tensorflow", "paddle", "mxnet", "torch", "openvino", "onnxruntime")
@@ -211,6 +211,7 @@ TABLES = [
     (BILINEAR_POOL, BilinearPoolRules, "roi_pool(method='bilinear')"),
     (PSROI_POOL, PSRoIPoolRules, "psroi_pool"),
     (ROI_ALIGN, RoIAlignRules, "roi_align"),
+    (PSROI_ALIGN, PSRoIAlignRules, "ps_roi_align"),
 ]
 ENTRIES = [(table, rtype, op, name) for table, rtype, op in TABLES for name in table]
 
@@ -259,6 +260,7 @@ def test_tables_are_distinct_where_frameworks_differ():
     assert len(set(BILINEAR_POOL.values())) == len(BILINEAR_POOL)
     assert len(set(ROI_ALIGN.values())) == len(ROI_ALIGN)
     assert PSROI_POOL["mxnet"] == PSROI_POOL["paddle"]   # documented as identical
+    assert PSROI_POOL["torchvision"] != PSROI_POOL["paddle"]
 
 
 def test_conventions_module_exports():

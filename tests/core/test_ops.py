@@ -11,8 +11,10 @@ from hypothesis import given, strategies as st
 
 import reference as ref
 import roicore.core as rc
-from roicore.core.conventions import BILINEAR_POOL, MAX_POOL, PSROI_POOL, ROI_ALIGN
+from roicore.core.conventions import BILINEAR_POOL, MAX_POOL, PSROI_ALIGN, PSROI_POOL, ROI_ALIGN
 from strategies import cases
+
+RFCN = sorted(name for name, rules in PSROI_POOL.items() if rules.formula == "rfcn")
 
 
 def assert_same(got, want):
@@ -162,7 +164,7 @@ def test_roi_pool_boxes_backward_is_tensorflows_only(convention):
 
 # --- position-sensitive RoI pooling ---------------------------------------------------
 
-@pytest.mark.parametrize("convention", sorted(PSROI_POOL))
+@pytest.mark.parametrize("convention", RFCN)
 @given(case=cases(channels=1, max_p=3), out_ch=st.integers(1, 3), data=st.data())
 def test_psroi_pool_matches_reference(convention, case, out_ch, data):
     PH, PW = case.output_size
@@ -181,6 +183,85 @@ def test_psroi_pool_matches_reference(convention, case, out_ch, data):
                                 convention=convention)
     assert_same(dx, ref.psroi_pool_backward(g, case.boxes, case.batch, x.shape,
                                             case.output_size, case.spatial_scale, rules, group))
+
+
+def _position_sensitive_map(case, out_ch, seed=7):
+    """A map of out_ch * PH * PW channels for the case's size, in its dtype."""
+    PH, PW = case.output_size
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(case.x.shape[:1] + (out_ch * PH * PW,) + case.x.shape[2:])
+    return x.astype(case.x.dtype), rng
+
+
+@given(case=cases(channels=1, max_p=3), out_ch=st.integers(1, 3),
+       group=st.sampled_from([None, "pooled"]))
+def test_psroi_pool_torchvision_matches_reference(case, out_ch, group):
+    x, rng = _position_sensitive_map(case, out_ch)
+    group = case.output_size if group else None
+    rules = PSROI_POOL["torchvision"]
+    y = rc.psroi_pool(x, case.rois, case.output_size, case.spatial_scale, group_size=group,
+                      convention="torchvision")
+    assert_same(y, ref.psroi_pool(x, case.boxes, case.batch, out_ch, case.output_size,
+                                  case.spatial_scale, rules))
+    g = rng.standard_normal(y.shape).astype(y.dtype)
+    dx = rc.psroi_pool_backward(g, case.rois, x.shape, case.spatial_scale, group_size=group,
+                                convention="torchvision")
+    assert_same(dx, ref.psroi_pool_backward(g, case.boxes, case.batch, x.shape,
+                                            case.output_size, case.spatial_scale, rules))
+
+
+def test_psroi_pool_torchvision_backward_bins_differ_from_the_forward():
+    """torchvision's forward clamps bins to H-1 (the last row is never read) and its
+    backward to H (the last row gets gradient, over a larger area)."""
+    x = np.arange(4 * 4 * 4, dtype=np.float32).reshape(1, 4, 4, 4)
+    box = np.array([[0, 0, 0, 4, 4]], np.float32)   # bins [0, 2) and [2, 4)
+    y = rc.psroi_pool(x, box, 2, convention="torchvision")
+    assert y[0, 0, 1, 1] == x[0, 3, 2, 2]             # rows and columns [2, 3): one pixel
+    dx = rc.psroi_pool_backward(np.ones_like(y), box, x.shape, convention="torchvision")
+    assert np.array_equal(dx[0, 3], np.pad(np.full((2, 2), 0.25, np.float32), ((2, 0), (2, 0))))
+
+
+# --- position-sensitive RoIAlign -------------------------------------------------------
+
+@pytest.mark.parametrize("convention", sorted(PSROI_ALIGN))
+@given(case=cases(channels=1, max_p=3), out_ch=st.integers(1, 3),
+       sampling_ratio=st.sampled_from([-1, 0, 1, 2, 3]))
+def test_ps_roi_align_matches_reference(convention, case, out_ch, sampling_ratio):
+    x, rng = _position_sensitive_map(case, out_ch)
+    rules = PSROI_ALIGN[convention]
+    y = rc.ps_roi_align(x, case.rois, case.output_size, case.spatial_scale, sampling_ratio,
+                        convention=convention)
+    assert_same(y, ref.ps_roi_align(x, case.boxes, case.batch, case.output_size,
+                                    case.spatial_scale, sampling_ratio, rules))
+    g = rng.standard_normal(y.shape).astype(y.dtype)
+    dx = rc.ps_roi_align_backward(g, case.rois, x.shape, case.spatial_scale, sampling_ratio,
+                                  convention=convention)
+    assert_same(dx, ref.ps_roi_align_backward(g, case.boxes, case.batch, x.shape,
+                                              case.output_size, case.spatial_scale,
+                                              sampling_ratio, rules))
+
+
+def test_ps_roi_align_samples_outside_the_map_add_a_plain_zero():
+    """Unlike roi_align, a NaN at pixel (0, 0) does not reach a box whose samples lie
+    beyond the map; a box whose samples all lie outside gives 0."""
+    x = np.ones((1, 4, 5, 5), np.float32)
+    x[0, :, 0, 0] = np.nan
+    half_outside = np.array([[0, 3, 3, 9, 9]], np.float32)
+    y = rc.ps_roi_align(x, half_outside, 2, 1.0, 2)
+    assert not np.isnan(y).any() and (y[0, 0, 1, 1] < 1)   # outside samples count as 0
+    assert not rc.ps_roi_align(x, np.array([[0, 20, 20, 30, 30]], np.float32), 2, 1.0, 2).any()
+
+
+def test_ps_roi_align_empty_and_negative_grids():
+    """Adaptive grids as torchvision counts them: a zero-size box has a 0-sample grid and
+    gives 0/0 = NaN; a box reversed in one axis a negative grid and -0; in both, +0."""
+    x = np.ones((1, 4, 6, 6), np.float32)
+    zero = rc.ps_roi_align(x, np.array([[0, 2, 2, 2, 2]], np.float32), 2)
+    assert np.isnan(zero).all()
+    one_axis = rc.ps_roi_align(x, np.array([[0, 4, 1, 1, 5]], np.float32), 2)  # x2 < x1
+    assert (one_axis == 0).all() and np.signbit(one_axis).all()
+    both = rc.ps_roi_align(x, np.array([[0, 4, 5, 1, 1]], np.float32), 2)
+    assert (both == 0).all() and not np.signbit(both).any()
 
 
 # --- RoIAlign -------------------------------------------------------------------------
@@ -276,6 +357,25 @@ def test_psroi_pool_gradient_matches_finite_differences():
               lambda g: rc.psroi_pool_backward(g, boxes, x.shape, 1.0), x)
 
 
+def test_psroi_pool_torchvision_gradient_matches_finite_differences_inside_the_map():
+    """torchvision's backward is the forward's gradient where their bins agree: boxes
+    whose bins end before the last row and column, on integer coordinates."""
+    x = np.random.default_rng(4).standard_normal((2, 3 * 6, 9, 8))
+    boxes = np.array([[0, 0, 0, 5, 6], [1, 2, 1, 6, 7], [0, 4, 4, 1, 1], [1, 3, 2, 3, 2]])
+    _fd_check(lambda v: rc.psroi_pool(v, boxes, (3, 2), 1.0, convention="torchvision"),
+              lambda g: rc.psroi_pool_backward(g, boxes, x.shape, 1.0, convention="torchvision"),
+              x)
+
+
+@pytest.mark.parametrize("sampling_ratio", [-1, 2])
+def test_ps_roi_align_gradient_matches_finite_differences(sampling_ratio):
+    x = np.random.default_rng(5).standard_normal((2, 2 * 6, 6, 7))
+    # the reversed box: sampled back to front with a fixed ratio, -0 with an adaptive one
+    boxes = np.array([[0, 0.3, 0.2, 5.1, 4.6], [1, -1.2, 2.5, 3.3, 7.5], [1, 4.5, 2.5, 0.3, 3.9]])
+    _fd_check(lambda v: rc.ps_roi_align(v, boxes, (3, 2), 1.0, sampling_ratio),
+              lambda g: rc.ps_roi_align_backward(g, boxes, x.shape, 1.0, sampling_ratio), x)
+
+
 @pytest.mark.parametrize("convention", ["mxnet", "torchvision"])
 @pytest.mark.parametrize("aligned", [False, True])
 def test_roi_align_gradient_matches_finite_differences(convention, aligned):
@@ -287,11 +387,19 @@ def test_roi_align_gradient_matches_finite_differences(convention, aligned):
 
 
 @given(case=cases(dtype=np.float64, max_hw=10, max_p=3), sampling_ratio=st.sampled_from([-1, 2]),
-       aligned=st.booleans(), op=st.sampled_from(["bilinear", "nearest", "psroi", "align"]))
+       aligned=st.booleans(), op=st.sampled_from(["bilinear", "nearest", "psroi", "align",
+                                                   "ps_align"]))
 def test_linear_operators_satisfy_the_adjoint_identity(case, sampling_ratio, aligned, op):
-    """<forward(u), g> == <u, backward(g)> for the operators that are linear in x."""
+    """<forward(u), g> == <u, backward(g)> for the operators that are linear in x (not
+    torchvision's PS-RoI pooling, whose backward has bins of its own)."""
     rng = np.random.default_rng(9)
-    if op == "psroi":
+    if op == "ps_align":
+        u = rng.standard_normal((case.x.shape[0], 2 * np.prod(case.output_size)) + case.x.shape[2:])
+        fwd = lambda v: rc.ps_roi_align(v, case.rois, case.output_size, case.spatial_scale,
+                                        sampling_ratio)
+        bwd = lambda g: rc.ps_roi_align_backward(g, case.rois, u.shape, case.spatial_scale,
+                                                 sampling_ratio)
+    elif op == "psroi":
         u = rng.standard_normal((case.x.shape[0], 2 * np.prod(case.output_size)) + case.x.shape[2:])
         fwd = lambda v: rc.psroi_pool(v, case.rois, case.output_size, case.spatial_scale)
         bwd = lambda g: rc.psroi_pool_backward(g, case.rois, u.shape, case.spatial_scale)
@@ -308,6 +416,9 @@ def test_linear_operators_satisfy_the_adjoint_identity(case, sampling_ratio, ali
         bwd = lambda g: rc.roi_align_backward(g, case.rois, u.shape, *args)
     y = fwd(u)
     g = rng.standard_normal(y.shape)
+    if op == "ps_align":  # NaN outputs (empty grids) have no adjoint
+        g[np.isnan(y)] = 0
+        y = np.nan_to_num(y)
     lhs, rhs = np.sum(y * g), np.sum(u * bwd(g))
     assert abs(lhs - rhs) <= 1e-9 * (1 + np.sum(np.abs(y * g)))
 
@@ -348,6 +459,15 @@ def _thread_cases():
         ps3, many, 7, 1 / 16, group_size=3, convention="mxnet", n_threads=n)
     yield "psroi_pool backward group 3", lambda n: rc.psroi_pool_backward(
         g3, many, ps3.shape, 1 / 16, group_size=3, convention="mxnet", n_threads=n)
+    ps_box = rng.standard_normal((2, 3 * 49, 19, 23)).astype(np.float32)
+    g_ps = rng.standard_normal((80, 3, 7, 7)).astype(np.float32)
+    yield "psroi_pool torchvision", lambda n: rc.psroi_pool(
+        ps_box, rois, 7, 1 / 16, convention="torchvision", n_threads=n)
+    yield "psroi_pool backward torchvision", lambda n: rc.psroi_pool_backward(
+        g_ps, rois, ps_box.shape, 1 / 16, convention="torchvision", n_threads=n)
+    yield "ps_roi_align", lambda n: rc.ps_roi_align(ps_box, rois, 7, 1 / 16, -1, n_threads=n)
+    yield "ps_roi_align backward", lambda n: rc.ps_roi_align_backward(
+        g_ps, rois, ps_box.shape, 1 / 16, 2, n_threads=n)
     for conv in ("mxnet", "paddle"):
         yield f"roi_align {conv}", lambda n, c=conv: rc.roi_align(
             x, rois, 7, 1 / 16, -1, True, convention=c, n_threads=n)
@@ -383,6 +503,9 @@ def test_float16_is_computed_in_float32():
         (rc.roi_pool(x, rois, 3), rc.roi_pool(x32, r32, 3)),
         (rc.roi_align(x, rois, 3, 1.0, 2), rc.roi_align(x32, r32, 3, 1.0, 2)),
         (rc.psroi_pool(x, rois, 2), rc.psroi_pool(x32, r32, 2)),
+        (rc.psroi_pool(x, rois, 2, convention="torchvision"),
+         rc.psroi_pool(x32, r32, 2, convention="torchvision")),
+        (rc.ps_roi_align(x, rois, 2, 1.0, 2), rc.ps_roi_align(x32, r32, 2, 1.0, 2)),
         (rc.roi_pool(x, rois / 10, 3, method="bilinear"),
          rc.roi_pool(x32, (rois / 10).astype(np.float32), 3, method="bilinear")),
     ]
@@ -560,6 +683,27 @@ def test_large_outputs_have_the_same_bits_as_small_ones():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("sampling_ratio", [-1, 2])
+def test_torchvision_position_sensitive_large_case(dtype, sampling_ratio):
+    """40 boxes of every size, 3 x 4 bins, 5 output channels: both operators and their
+    gradients against the reference."""
+    x, boxes, batch = _large_case(dtype, 13, channels=5 * 12)
+    g = np.random.default_rng(5).standard_normal((40, 5, 3, 4)).astype(dtype)
+    y = rc.psroi_pool(x, boxes, (3, 4), 1 / 16, batch_indices=batch, convention="torchvision")
+    rules = PSROI_POOL["torchvision"]
+    assert_same(y, ref.psroi_pool(x, boxes, batch, 5, (3, 4), 1 / 16, rules))
+    dx = rc.psroi_pool_backward(g, boxes, x.shape, 1 / 16, batch_indices=batch,
+                                convention="torchvision")
+    assert_same(dx, ref.psroi_pool_backward(g, boxes, batch, x.shape, (3, 4), 1 / 16, rules))
+    rules = PSROI_ALIGN["torchvision"]
+    y = rc.ps_roi_align(x, boxes, (3, 4), 1 / 16, sampling_ratio, batch_indices=batch)
+    assert_same(y, ref.ps_roi_align(x, boxes, batch, (3, 4), 1 / 16, sampling_ratio, rules))
+    dx = rc.ps_roi_align_backward(g, boxes, x.shape, 1 / 16, sampling_ratio, batch_indices=batch)
+    assert_same(dx, ref.ps_roi_align_backward(g, boxes, batch, x.shape, (3, 4), 1 / 16,
+                                              sampling_ratio, rules))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_psroi_and_bilinear_large_case(dtype):
     x, boxes, batch = _large_case(dtype, 3, channels=2 * 12)
     y = rc.psroi_pool(x, boxes, (4, 3), 1 / 16, batch_indices=batch)
@@ -595,8 +739,10 @@ def test_out_buffer_is_written_and_returned():
     x = rng.standard_normal((2, 6, 12, 13)).astype(np.float32)
     rois = np.array([[0, 1, 2, 9, 10], [1, 0, 0, 12, 11], [0, 5, 5, 6, 6]], np.float32)
     ps_x = rng.standard_normal((2, 2 * 9, 12, 13)).astype(np.float32)
+    tv_psroi = lambda *a, **kw: rc.psroi_pool(*a, convention="torchvision", **kw)
     for fn, args, xin in [(rc.roi_pool, (3, 1.0), x), (rc.roi_align, (3, 1.0, 2), x),
-                          (rc.psroi_pool, (3, 1.0), ps_x)]:
+                          (rc.psroi_pool, (3, 1.0), ps_x), (tv_psroi, (3, 1.0), ps_x),
+                          (rc.ps_roi_align, (3, 1.0, 2), ps_x)]:
         want = fn(xin, rois, *args)
         buf = np.full_like(want, np.nan)
         assert fn(xin, rois, *args, out=buf) is buf
@@ -626,6 +772,9 @@ def test_backward_out_buffer_is_zeroed_written_and_returned():
                                            **kw), x.shape),
         (lambda **kw: rc.roi_align_backward(g, rois, x.shape, 1.0, 2, **kw), x.shape),
         (lambda **kw: rc.psroi_pool_backward(g_ps, rois, ps_shape, 1.0, **kw), ps_shape),
+        (lambda **kw: rc.psroi_pool_backward(g_ps, rois, ps_shape, 1.0,
+                                             convention="torchvision", **kw), ps_shape),
+        (lambda **kw: rc.ps_roi_align_backward(g_ps, rois, ps_shape, 1.0, 2, **kw), ps_shape),
     ]
     for call, shape in calls:
         want = call()
@@ -647,6 +796,10 @@ def test_backward_out_buffer_is_zeroed_written_and_returned():
                              out=np.full(x.shape, np.nan, np.float32)),
         rc.roi_align_backward(g[:0], rois[:0], x.shape, 1.0, 2,
                               out=np.full(x.shape, np.nan, np.float32)),
+        rc.psroi_pool_backward(g_ps[:0], rois[:0], ps_shape, 1.0, convention="torchvision",
+                               out=np.full(ps_shape, np.nan, np.float32)),
+        rc.ps_roi_align_backward(g_ps[:0], rois[:0], ps_shape, 1.0, 2,
+                                 out=np.full(ps_shape, np.nan, np.float32)),
     ]
     for empty in empties:
         assert not empty.any()

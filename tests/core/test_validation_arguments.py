@@ -13,7 +13,7 @@ import pytest
 import roicore.core as rc
 from roicore.core.conventions import BILINEAR_POOL, MAX_POOL, PSROI_POOL, ROI_ALIGN
 from opcalls import (
-    C, PS, X, BOXES, FORWARD, BACKWARD, ALL_OPS, PSROI_OPS, ALIGN_OPS, _RULES,
+    C, PS, X, BOXES, FORWARD, BACKWARD, ALL_OPS, PSROI_OPS, ALIGN_OPS, SAMPLING_OPS, _RULES,
     out_channels, call,
 )
 
@@ -74,10 +74,12 @@ class TestSpatialScale:
         with pytest.raises(TypeError, match=rf"spatial_scale must be a real number, got {tname}"):
             call(op, spatial_scale=scale)
 
-    # The ops below hold spatial_scale as a C float (every default convention does), so a
-    # float64 scale that is finite and positive can still become inf or 0 in the kernel.
+    # The ops below hold spatial_scale as a float32 here (as a C float, or in x's float32 for
+    # the torchvision conventions), so a float64 scale that is finite and positive can still
+    # become inf or 0 in the kernel.
     FLOAT_SCALE_OPS = ["roi_pool_max", "psroi_pool", "roi_align", "psroi_pool_backward",
-                       "roi_align_backward"]
+                       "roi_align_backward", "psroi_pool_torchvision",
+                       "psroi_pool_backward_torchvision", "ps_roi_align", "ps_roi_align_backward"]
 
     @pytest.mark.filterwarnings("ignore::RuntimeWarning")
     @pytest.mark.parametrize("op", FLOAT_SCALE_OPS)
@@ -164,26 +166,26 @@ class TestPSRoI:
 
 @pytest.mark.usefixtures("no_kernels")
 class TestRoIAlign:
-    @pytest.mark.parametrize("op", ALIGN_OPS)
+    @pytest.mark.parametrize("op", SAMPLING_OPS)
     @pytest.mark.parametrize("sr", [-2, -3, -100])
     def test_sampling_ratio_below_minus_one(self, op, sr):
         with pytest.raises(ValueError, match=rf"sampling_ratio must be >= -1 \(-1 or 0: adaptive\), "
                                              rf"got {sr}"):
             call(op, sampling_ratio=sr)
 
-    @pytest.mark.parametrize("op", ALIGN_OPS)
+    @pytest.mark.parametrize("op", SAMPLING_OPS)
     @pytest.mark.parametrize("sr, tname", [(2.0, "float"), ("2", "str"), (True, "bool"),
                                            (np.bool_(False), "bool"), (None, "NoneType")])
     def test_sampling_ratio_type(self, op, sr, tname):
         with pytest.raises(TypeError, match=rf"sampling_ratio must be an int, got {tname}"):
             call(op, sampling_ratio=sr)
 
-    @pytest.mark.parametrize("op", ALIGN_OPS)
+    @pytest.mark.parametrize("op", SAMPLING_OPS)
     def test_sampling_ratio_too_large(self, op):
         with pytest.raises(ValueError, match=r"sampling_ratio must be <= 1024 \(at most 2\*\*20 samples per bin\), got 70000"):
             call(op, sampling_ratio=70000)
 
-    @pytest.mark.parametrize("op", ALIGN_OPS)
+    @pytest.mark.parametrize("op", SAMPLING_OPS)
     def test_fixed_sampling_ratio_grid_limited_like_adaptive(self, op):
         """sampling_ratio=65536 means 2**32 samples per bin (4096x the adaptive cap of
         2**20): with output 7x7 that runs for hours, exactly the "hang" the adaptive
@@ -198,20 +200,22 @@ class TestRoIAlign:
         with pytest.raises(TypeError, match=rf"aligned must be a bool, got {tname}"):
             call(op, aligned=aligned)
 
-    @pytest.mark.parametrize("op", ALIGN_OPS)
+    @pytest.mark.parametrize("op, aligned", [(op, a) for op in ALIGN_OPS for a in (False, True)]
+                             + [(op, None) for op in SAMPLING_OPS if op not in ALIGN_OPS])
     @pytest.mark.parametrize("sr", [-1, 0])
-    @pytest.mark.parametrize("aligned", [False, True])
     def test_adaptive_grid_of_enormous_box(self, op, sr, aligned):
         boxes = np.array([[0, 0, 0, 1e6, 1e6]], np.float32)
-        g = np.ones((1, C, PS, PS), np.float32)
+        g = np.ones((1, out_channels(op), PS, PS), np.float32)
         kw = {"grad": g} if op in BACKWARD else {}
+        if aligned is not None:
+            kw["aligned"] = aligned
         with pytest.raises(ValueError, match=rf"boxes\[0\] would take 500000 x 500000 samples per "
                                              rf"bin with adaptive sampling \(sampling_ratio={sr}\); "
                                              r"at most 65536 per axis and 1048576 per bin are "
                                              r"supported: pass sampling_ratio > 0"):
-            call(op, boxes=boxes, spatial_scale=1.0, sampling_ratio=sr, aligned=aligned, **kw)
+            call(op, boxes=boxes, spatial_scale=1.0, sampling_ratio=sr, **kw)
 
-    @pytest.mark.parametrize("op", ALIGN_OPS)
+    @pytest.mark.parametrize("op", SAMPLING_OPS)
     def test_adaptive_grid_uses_the_spatial_scale(self, op):
         """A 2e4-pixel box needs 2e4 samples per axis at scale 1 (4e8 per bin: rejected)
         but 625 at scale 1/32 (390625 <= 2**20: accepted, so the stub is reached)."""
@@ -248,7 +252,8 @@ class TestMethodConventionFlags:
         ("roi_pool_max", "tensorflow"), ("roi_pool_bilinear", "mxnet"),
         ("roi_pool_backward_max", "tensorflow"), ("roi_pool_backward_bilinear", "paddle"),
         ("roi_pool_nearest", "mxnet"), ("roi_pool_backward_nearest", "torchvision"),
-        ("psroi_pool", "torchvision"), ("psroi_pool_backward", "openvino"),
+        ("psroi_pool", "openvino"), ("psroi_pool_backward", "openvino"),
+        ("ps_roi_align", "mxnet"), ("ps_roi_align_backward", "paddle"),
         ("roi_align", "openvino"), ("roi_align_backward", "tensorflow"),
     ])
     def test_convention_of_another_op(self, op, other):

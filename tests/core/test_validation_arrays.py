@@ -14,7 +14,7 @@ import pytest
 import roicore.core as rc
 from roicore.core import _binding
 from opcalls import (
-    N, C, H, W, PS, X, BOXES, FORWARD, BACKWARD, ALL_OPS, ALIGN_OPS, COORD_OPS,
+    N, C, H, W, PS, X, BOXES, FORWARD, BACKWARD, ALL_OPS, SAMPLING_OPS, COORD_OPS,
     default_boxes, out_channels, call, with_value,
 )
 
@@ -170,12 +170,11 @@ class TestBoxes:
                                              r"most 2\*\*24 is supported"):
             call(op, boxes=boxes)
 
-    @pytest.mark.parametrize("op", ["roi_pool_max", "psroi_pool", "roi_align",
-                                    "psroi_pool_backward", "roi_align_backward"])
+    @pytest.mark.parametrize("op", [op for op in COORD_OPS if "bilinear" not in op])
     def test_coordinates_beyond_range_after_scaling(self, op):
         """1e5 is fine at scale 1 but 1e8 feature pixels at spatial_scale 1000."""
         boxes = with_value(BOXES, (0, 3), 1e5)
-        kw = {"sampling_ratio": 2} if op in ALIGN_OPS else {}
+        kw = {"sampling_ratio": 2} if op in SAMPLING_OPS else {}
         with pytest.raises(ValueError, match=r"boxes\[0\] coordinate 100000\.0 lies 1e\+08 "
                                              r"feature-map pixels"):
             call(op, boxes=boxes, spatial_scale=1000.0, **kw)

@@ -47,7 +47,8 @@ def _load_conventions():
 
 conv = _load_conventions()
 MAX_POOL, BILINEAR_POOL = conv.MAX_POOL, conv.BILINEAR_POOL
-PSROI_POOL, ROI_ALIGN = conv.PSROI_POOL, conv.ROI_ALIGN
+PSROI_POOL, ROI_ALIGN, PSROI_ALIGN = conv.PSROI_POOL, conv.ROI_ALIGN, conv.PSROI_ALIGN
+RFCN = sorted(name for name, rules in PSROI_POOL.items() if rules.formula == "rfcn")
 
 DTYPES = [np.float32, np.float64]
 
@@ -532,7 +533,7 @@ def test_bilinear_grad_matches_finite_difference(ref, name):
 # PSROI pooling
 # =============================================================================================
 
-@pytest.mark.parametrize("name", sorted(PSROI_POOL))
+@pytest.mark.parametrize("name", RFCN)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_psroi_oracle_mxnet(ref, name, dtype):
     """MXNet PSROIPooling(output_dim=2, pooled_size=group_size=2) (docs/semantics.md 9.5)."""
@@ -549,11 +550,50 @@ def test_psroi_oracle_mxnet(ref, name, dtype):
 
 @pytest.mark.parametrize("name", sorted(PSROI_POOL))
 def test_psroi_semantics_example(ref, name):
-    """docs/semantics.md 4.3 and 9.5: arange(256).reshape(1,4,8,8), P=2, out_dim=1."""
+    """docs/semantics.md 4.3 and 9.5: arange(256).reshape(1,4,8,8), P=2, out_dim=1;
+    torchvision's integer bins (no +1, clamped to H-1) differ from R-FCN's."""
     x = arange_map((1, 4, 8, 8), np.float32)
     boxes, batch = split_rois([[0, 0, 0, 4, 4], [0, 2, 2, 7, 7]], np.float32)
     y = ref.psroi_pool(x, boxes, batch, 1, 2, 1.0, PSROI_POOL[name])
-    np.testing.assert_array_equal(y[:, 0], [[[9, 75], [153, 219]], [[27, 94], [179, 246]]])
+    if name == "torchvision":
+        expected = [[[4.5, 70.5], [148.5, 214.5]], [[27, 93], [171, 237]]]
+    else:
+        expected = [[[9, 75], [153, 219]], [[27, 94], [179, 246]]]
+    np.testing.assert_array_equal(y[:, 0], expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_psroi_torchvision_backward_rounds_in_float32(ref, dtype):
+    """torchvision's backward rounds the scaled coordinates with roundf: for float64 input,
+    2.4999999999 becomes the float 2.5 and rounds to 3, where the forward's round gives 2.
+    The box then starts one row later in the backward than in the forward."""
+    rules = PSROI_POOL["torchvision"]
+    y1 = 2.4999999999 if dtype == np.float64 else 2.4999998   # float32: stays below 2.5
+    boxes, batch = split_rois([[0, 0, y1, 4, 6]], dtype)
+    g = np.ones((1, 1, 1, 1), dtype)
+    dx = ref.psroi_pool_backward(g, boxes, batch, (1, 1, 8, 8), 1, 1.0, rules)
+    first_row = 3 if dtype == np.float64 else 2
+    assert np.flatnonzero(dx[0, 0].any(axis=1))[0] == first_row
+    x = arange_map((1, 1, 8, 8), dtype)
+    # the forward's box starts at row 2: rows 2..5 (clamped to H-1 = 7, no +1), columns 0..3
+    y = ref.psroi_pool(x, boxes, batch, 1, 1, 1.0, rules)
+    assert y[0, 0, 0, 0] == x[0, 0, 2:6, 0:4].mean()
+
+
+def test_ps_roi_align_worked_example(ref):
+    """Aligned boxes, one sample per bin at its centre: channel (ph*2 + pw) of a map that is
+    linear in (h, w), sampled at (ph + 0.5, pw + 0.5), is 100*c + 4*(ph + .5) + (pw + .5)."""
+    x = np.zeros((1, 4, 4, 4), np.float32)
+    for c in range(4):
+        x[0, c] = 100 * c + np.arange(16).reshape(4, 4)
+    y = ref.ps_roi_align(x, [[0.5, 0.5, 2.5, 2.5]], [0], 2, 1.0, -1, PSROI_ALIGN["torchvision"])
+    np.testing.assert_array_equal(y[0, 0], [[2.5, 103.5], [206.5, 307.5]])
+    # 2 x 2 samples of a linear map average to its value at the bin centre; samples all
+    # beyond -1 give 0
+    x1 = arange_map((1, 1, 4, 4), np.float32)
+    y = ref.ps_roi_align(x1, [[0.5, 0.5, 2.5, 2.5], [-3, -3, -1, -1]], [0, 0], 1, 1.0, -1,
+                         PSROI_ALIGN["torchvision"])
+    np.testing.assert_array_equal(y.ravel(), [5.0, 0.0])
 
 
 def test_psroi_shape_paddle_doc(ref):
