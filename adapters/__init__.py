@@ -1,5 +1,5 @@
 """Per-framework front ends: roicore.adapters.tf, .paddle (paddle.vision.ops signatures),
-.paddle_legacy (fluid signatures) and .mxnet.
+.paddle_legacy (fluid signatures), .mxnet and .torch (torchvision.ops signatures).
 
 Tensors on an accelerator are copied to the host and back, with a DeviceCopyWarning once
 per adapter and device; ``set_device_policy("error")`` refuses them instead.
@@ -11,7 +11,7 @@ import importlib
 
 from ._common import DeviceCopyWarning, get_device_policy, set_device_policy
 
-_ADAPTERS = ("tf", "paddle", "paddle_legacy", "mxnet")
+_ADAPTERS = ("tf", "paddle", "paddle_legacy", "mxnet", "torch")
 
 __all__ = list(_ADAPTERS) + ["set_device_policy", "get_device_policy", "DeviceCopyWarning"]
 

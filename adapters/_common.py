@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 
-_EXTRAS = {"tensorflow": "tf", "paddle": "paddle", "mxnet": "mxnet"}
+_EXTRAS = {"tensorflow": "tf", "paddle": "paddle", "mxnet": "mxnet", "torch": "torch"}
 
 
 def require(module: str, adapter: str):

@@ -1,8 +1,9 @@
 """Adapter tests: frameworks are optional locally and required in CI.
 
-Importing TensorFlow before Paddle segfaults Paddle's native core, so Paddle
-is imported first, here, before any test module is collected; the suite then passes in
-any collection order, in one process.
+Importing TensorFlow before Paddle segfaults Paddle's native core, and TensorFlow before
+torch aborts once Paddle is loaded, so Paddle and then torch are imported first, here,
+before any test module is collected; the suite then passes in any collection order, in one
+process.
 """
 import collections
 import importlib
@@ -11,6 +12,11 @@ import pytest
 
 try:
     import paddle  # noqa: F401  (must precede tensorflow)
+except ImportError:
+    pass
+try:
+    import torch  # noqa: F401  (with paddle loaded, must precede tensorflow)
+    import torchvision  # noqa: F401
 except ImportError:
     pass
 

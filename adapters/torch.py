@@ -1,0 +1,511 @@
+"""PyTorch front end: ``torchvision.ops`` RoI operators on top of :mod:`roicore.core`.
+
+Functions ``roi_pool``, ``roi_align``, ``ps_roi_pool``, ``ps_roi_align`` and modules
+``RoIPool``, ``RoIAlign``, ``PSRoIPool``, ``PSRoIAlign`` take the arguments of
+``torchvision.ops`` (and its defaults), plus a keyword-only ``n_threads``: the OpenMP
+threads of the core (None: ``torch.get_num_threads()`` at the time of the call).  Every op
+computes with ``convention="torchvision"``, so for float32 and float64 the outputs and the
+gradients with respect to ``input`` are bit-identical to torchvision's CPU kernels, for
+every thread count.  float16 and bfloat16 inputs are computed in float32 and the results
+rounded once to the input's dtype (torchvision computes Half in Half arithmetic, so those
+results can differ from its own in the last bits).
+
+Boxes are a ``Tensor[K, 5]`` of ``[batch_index, x1, y1, x2, y2]`` rows or a list of
+``Tensor[L, 4]`` (one per image), in ``input``'s dtype.  Differences from torchvision, all
+about inputs it does not define: bad box shapes raise ValueError or TypeError (torchvision
+asserts); a batch index that is not an integer in ``[0, N)`` and a coordinate that is not
+finite raise ValueError (torchvision truncates the index and reads out of bounds).
+
+Operators.  Each op is registered with ``torch.library.custom_op`` as ``roicore::<name>``
+(with ``roicore::<name>_backward``), CPU kernels over roicore.core, a fake (meta)
+implementation, and an autograd formula; they pass ``torch.library.opcheck``, run under
+``torch.compile(fullgraph=True)`` forward and backward, and survive ``torch.export`` with
+``torch.export.save``/``load`` (in a process that imported this module).  TorchScript:
+``torch.jit.script`` cannot compile these functions or modules (they are Python, and the
+ops' kernels run Python code); ``torch.jit.trace`` records calls of ``torch.ops.roicore.*``,
+which run in a Python process that imported this module, not in C++-only deployments.
+Double backward is not supported (as in torchvision).
+
+Copies.  On the CPU the feature map, boxes and upstream gradient are viewed, not copied
+(a non-contiguous input is made contiguous, as torchvision does), and results are handed
+back without a copy.  ``roi_pool`` computes its argmax only when a gradient can be asked
+for.  Tensors on another device follow :func:`roicore.adapters.set_device_policy`: copied
+to the host and the result copied back (with a DeviceCopyWarning once per device), or
+refused with ValueError; gradients flow back through the copies.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import List, Optional, Tuple, Union
+
+import numpy as np
+
+from roicore import core
+from ._common import off_host, require
+
+torch = require("torch", "torch")
+from torch import Tensor, nn  # noqa: E402
+
+__all__ = ["roi_pool", "roi_align", "ps_roi_pool", "ps_roi_align",
+           "RoIPool", "RoIAlign", "PSRoIPool", "PSRoIAlign"]
+
+CONVENTION = "torchvision"
+_COMPUTED = (torch.float32, torch.float64)
+_ACCEPTED = _COMPUTED + (torch.float16, torch.bfloat16)
+
+
+# --------------------------------------------------------------------------- conversion
+
+def _computable(t: Tensor) -> Tensor:
+    """t in a dtype the core computes in: float16 and bfloat16 go to float32."""
+    return t if t.dtype in _COMPUTED else t.float()
+
+
+def _array(t: Tensor) -> np.ndarray:
+    """A NumPy view of a CPU tensor (no copy)."""
+    return _computable(t).detach().numpy()
+
+
+def _tensor(a: np.ndarray, like: Tensor) -> Tensor:
+    """A tensor sharing ``a``'s memory, in ``like``'s dtype (a copy only for float16 and
+    bfloat16)."""
+    t = torch.from_numpy(a)
+    return t if t.dtype == like.dtype else t.to(like.dtype)
+
+
+def _threads(n_threads: Optional[int]):
+    return torch.get_num_threads() if n_threads is None else n_threads
+
+
+# --------------------------------------------------------------------------- operators
+
+@torch.library.custom_op("roicore::roi_pool", mutates_args=(), device_types="cpu")
+def _roi_pool(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
+              pooled_width: int, need_argmax: bool, n_threads: Optional[int]
+              ) -> Tuple[Tensor, Tensor]:
+    """(output, argmax); argmax is empty unless ``need_argmax``."""
+    res = core.roi_pool(_array(input), _array(rois), (pooled_height, pooled_width),
+                        spatial_scale, convention=CONVENTION, return_argmax=need_argmax,
+                        n_threads=_threads(n_threads))
+    y, argmax = res if need_argmax else (res, np.empty(0, np.int32))
+    return _tensor(y, input), torch.from_numpy(argmax)
+
+
+@_roi_pool.register_fake
+def _(input, rois, spatial_scale, pooled_height, pooled_width, need_argmax, n_threads):
+    shape = (rois.shape[0], input.shape[1], pooled_height, pooled_width)
+    if not need_argmax:
+        return input.new_empty(shape), input.new_empty(0, dtype=torch.int32)
+    # the argmax is h*W + w, widened to int64 where a plane has 2**31 pixels or more
+    index = torch.int32 if input.shape[2] * input.shape[3] < 2**31 else torch.int64
+    return input.new_empty(shape), input.new_empty(shape, dtype=index)
+
+
+@torch.library.custom_op("roicore::roi_pool_backward", mutates_args=(), device_types="cpu")
+def _roi_pool_backward(grad: Tensor, argmax: Tensor, rois: Tensor, batch_size: int,
+                       channels: int, height: int, width: int, n_threads: Optional[int]
+                       ) -> Tensor:
+    dx = core.roi_pool_backward(_array(grad), _array(rois), (batch_size, channels, height, width),
+                                convention=CONVENTION, argmax=argmax.numpy(),
+                                n_threads=_threads(n_threads))
+    return _tensor(dx, grad)
+
+
+@_roi_pool_backward.register_fake
+def _(grad, argmax, rois, batch_size, channels, height, width, n_threads):
+    return grad.new_empty((batch_size, channels, height, width))
+
+
+def _roi_pool_context(ctx, inputs, output):
+    input, rois, spatial_scale, pooled_height, pooled_width, need_argmax, n_threads = inputs
+    # a caller of the op that asked for no argmax and then for a gradient gets the argmax
+    # recomputed from the input (the functions above never do this)
+    ctx.save_for_backward(rois, output[1], None if need_argmax else input)
+    ctx.need_argmax = need_argmax
+    ctx.args = (spatial_scale, pooled_height, pooled_width)
+    ctx.input_shape, ctx.n_threads = input.shape, n_threads
+
+
+def _roi_pool_gradient(ctx, grad, _grad_argmax):
+    rois, argmax, input = ctx.saved_tensors
+    if not ctx.need_argmax:
+        argmax = _roi_pool(input, rois, *ctx.args, True, ctx.n_threads)[1]
+    dx = _roi_pool_backward(grad, argmax, rois, *ctx.input_shape, ctx.n_threads)
+    return dx, None, None, None, None, None, None
+
+
+_roi_pool.register_autograd(_roi_pool_gradient, setup_context=_roi_pool_context)
+
+
+@torch.library.custom_op("roicore::roi_align", mutates_args=(), device_types="cpu")
+def _roi_align(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
+               pooled_width: int, sampling_ratio: int, aligned: bool, n_threads: Optional[int]
+               ) -> Tensor:
+    y = core.roi_align(_array(input), _array(rois), (pooled_height, pooled_width),
+                       spatial_scale, sampling_ratio, aligned, convention=CONVENTION,
+                       n_threads=_threads(n_threads))
+    return _tensor(y, input)
+
+
+@_roi_align.register_fake
+def _(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned,
+      n_threads):
+    return input.new_empty((rois.shape[0], input.shape[1], pooled_height, pooled_width))
+
+
+@torch.library.custom_op("roicore::roi_align_backward", mutates_args=(), device_types="cpu")
+def _roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, batch_size: int,
+                        channels: int, height: int, width: int, sampling_ratio: int,
+                        aligned: bool, n_threads: Optional[int]) -> Tensor:
+    dx = core.roi_align_backward(_array(grad), _array(rois),
+                                 (batch_size, channels, height, width), spatial_scale,
+                                 sampling_ratio, aligned, convention=CONVENTION,
+                                 n_threads=_threads(n_threads))
+    return _tensor(dx, grad)
+
+
+@_roi_align_backward.register_fake
+def _(grad, rois, spatial_scale, batch_size, channels, height, width, sampling_ratio, aligned,
+      n_threads):
+    return grad.new_empty((batch_size, channels, height, width))
+
+
+def _roi_align_context(ctx, inputs, output):
+    input, rois, spatial_scale, _, _, sampling_ratio, aligned, n_threads = inputs
+    ctx.save_for_backward(rois)
+    ctx.args = (spatial_scale, *input.shape, sampling_ratio, aligned, n_threads)
+
+
+def _roi_align_gradient(ctx, grad):
+    rois, = ctx.saved_tensors
+    return (_roi_align_backward(grad, rois, *ctx.args),) + (None,) * 7
+
+
+_roi_align.register_autograd(_roi_align_gradient, setup_context=_roi_align_context)
+
+
+def _position_sensitive_shape(input, rois, pooled_height, pooled_width):
+    cells = pooled_height * pooled_width
+    torch._check(input.shape[1] % cells == 0, lambda: (
+        f"input channels ({input.shape[1]}) must be a multiple of pooled height * pooled "
+        f"width ({cells})"))
+    return rois.shape[0], input.shape[1] // cells, pooled_height, pooled_width
+
+
+@torch.library.custom_op("roicore::ps_roi_pool", mutates_args=(), device_types="cpu")
+def _ps_roi_pool(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
+                 pooled_width: int, n_threads: Optional[int]) -> Tensor:
+    y = core.psroi_pool(_array(input), _array(rois), (pooled_height, pooled_width),
+                        spatial_scale, convention=CONVENTION, n_threads=_threads(n_threads))
+    return _tensor(y, input)
+
+
+@_ps_roi_pool.register_fake
+def _(input, rois, spatial_scale, pooled_height, pooled_width, n_threads):
+    return input.new_empty(_position_sensitive_shape(input, rois, pooled_height, pooled_width))
+
+
+@torch.library.custom_op("roicore::ps_roi_pool_backward", mutates_args=(), device_types="cpu")
+def _ps_roi_pool_backward(grad: Tensor, rois: Tensor, spatial_scale: float, batch_size: int,
+                          channels: int, height: int, width: int, n_threads: Optional[int]
+                          ) -> Tensor:
+    dx = core.psroi_pool_backward(_array(grad), _array(rois),
+                                  (batch_size, channels, height, width), spatial_scale,
+                                  convention=CONVENTION, n_threads=_threads(n_threads))
+    return _tensor(dx, grad)
+
+
+@_ps_roi_pool_backward.register_fake
+def _(grad, rois, spatial_scale, batch_size, channels, height, width, n_threads):
+    return grad.new_empty((batch_size, channels, height, width))
+
+
+def _ps_roi_pool_context(ctx, inputs, output):
+    input, rois, spatial_scale, _, _, n_threads = inputs
+    ctx.save_for_backward(rois)
+    ctx.args = (spatial_scale, *input.shape, n_threads)
+
+
+def _ps_roi_pool_gradient(ctx, grad):
+    rois, = ctx.saved_tensors
+    return (_ps_roi_pool_backward(grad, rois, *ctx.args),) + (None,) * 5
+
+
+_ps_roi_pool.register_autograd(_ps_roi_pool_gradient, setup_context=_ps_roi_pool_context)
+
+
+@torch.library.custom_op("roicore::ps_roi_align", mutates_args=(), device_types="cpu")
+def _ps_roi_align(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
+                  pooled_width: int, sampling_ratio: int, n_threads: Optional[int]) -> Tensor:
+    y = core.ps_roi_align(_array(input), _array(rois), (pooled_height, pooled_width),
+                          spatial_scale, sampling_ratio, convention=CONVENTION,
+                          n_threads=_threads(n_threads))
+    return _tensor(y, input)
+
+
+@_ps_roi_align.register_fake
+def _(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, n_threads):
+    return input.new_empty(_position_sensitive_shape(input, rois, pooled_height, pooled_width))
+
+
+@torch.library.custom_op("roicore::ps_roi_align_backward", mutates_args=(), device_types="cpu")
+def _ps_roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, batch_size: int,
+                           channels: int, height: int, width: int, sampling_ratio: int,
+                           n_threads: Optional[int]) -> Tensor:
+    dx = core.ps_roi_align_backward(_array(grad), _array(rois),
+                                    (batch_size, channels, height, width), spatial_scale,
+                                    sampling_ratio, convention=CONVENTION,
+                                    n_threads=_threads(n_threads))
+    return _tensor(dx, grad)
+
+
+@_ps_roi_align_backward.register_fake
+def _(grad, rois, spatial_scale, batch_size, channels, height, width, sampling_ratio,
+      n_threads):
+    return grad.new_empty((batch_size, channels, height, width))
+
+
+def _ps_roi_align_context(ctx, inputs, output):
+    input, rois, spatial_scale, _, _, sampling_ratio, n_threads = inputs
+    ctx.save_for_backward(rois)
+    ctx.args = (spatial_scale, *input.shape, sampling_ratio, n_threads)
+
+
+def _ps_roi_align_gradient(ctx, grad):
+    rois, = ctx.saved_tensors
+    return (_ps_roi_align_backward(grad, rois, *ctx.args),) + (None,) * 6
+
+
+_ps_roi_align.register_autograd(_ps_roi_align_gradient, setup_context=_ps_roi_align_context)
+
+
+# --------------------------------------------------------------------------- arguments
+
+def _check_input(input, op: str):
+    if not isinstance(input, Tensor):
+        raise TypeError(f"{op}: input must be a torch.Tensor, got {type(input).__name__}")
+    if input.dim() != 4:
+        raise ValueError(f"{op}: input must be a 4-D Tensor[N, C, H, W], got shape "
+                         f"{tuple(input.shape)}")
+    if input.dtype not in _ACCEPTED:
+        raise TypeError(f"{op}: input must be float32, float64, float16 or bfloat16, got "
+                        f"{input.dtype}")
+
+
+def _rois(boxes, input: Tensor, op: str) -> Tensor:
+    """Boxes as torchvision's Tensor[K, 5] rois (a list of Tensor[L, 4] gets the batch
+    column of its position, in the boxes' dtype, as torchvision builds it)."""
+    if isinstance(boxes, (list, tuple)):
+        for i, b in enumerate(boxes):
+            if not isinstance(b, Tensor) or b.dim() != 2 or b.shape[1] != 4:
+                what = tuple(b.shape) if isinstance(b, Tensor) else type(b).__name__
+                raise ValueError(f"{op}: boxes[{i}] must be a Tensor[L, 4] of [x1, y1, x2, y2] "
+                                 f"rows for image {i}, got {what}")
+        if not boxes:
+            raise ValueError(f"{op}: boxes is an empty list; pass one Tensor[L, 4] per image")
+        ids = [torch.full_like(b[:, :1], i) for i, b in enumerate(boxes)]
+        rois = torch.cat([torch.cat(ids), torch.cat(list(boxes))], dim=1)
+    elif isinstance(boxes, Tensor):
+        if boxes.dim() != 2 or boxes.shape[1] != 5:
+            raise ValueError(f"{op}: boxes must be a Tensor[K, 5] of [batch_index, x1, y1, x2, "
+                             f"y2] rows or a list of Tensor[L, 4], got shape {tuple(boxes.shape)}")
+        rois = boxes
+    else:
+        raise TypeError(f"{op}: boxes must be a Tensor[K, 5] or a list of Tensor[L, 4], got "
+                        f"{type(boxes).__name__}")
+    if rois.dtype != input.dtype:
+        raise TypeError(f"{op}: boxes must have input's dtype {input.dtype}, got {rois.dtype}")
+    return rois
+
+
+def _pair(output_size, op: str) -> Tuple[int, int]:
+    size = output_size if isinstance(output_size, (tuple, list)) else (output_size,) * 2
+    if len(size) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) for s in size):
+        raise TypeError(f"{op}: output_size must be an int or a pair of ints (height, width), "
+                        f"got {output_size!r}")
+    return size[0], size[1]
+
+
+def _scale(spatial_scale, op: str) -> float:
+    if isinstance(spatial_scale, bool) or not isinstance(spatial_scale, numbers.Real):
+        raise TypeError(f"{op}: spatial_scale must be a real number, got "
+                        f"{type(spatial_scale).__name__}")
+    return float(spatial_scale)
+
+
+def _host(t: Tensor, name: str, op: str) -> Tensor:
+    """``t`` on the CPU; a tensor elsewhere follows the device policy."""
+    if t.device.type == "cpu":
+        return t
+    off_host("torch", f"{op}: {name}", str(t.device))
+    return t.cpu()
+
+
+def _on(y: Tensor, device) -> Tensor:
+    return y if y.device == device else y.to(device)
+
+
+def _prepare(input, boxes, output_size, spatial_scale, op):
+    """Checked (input on the host, rois on the host, pooled size, spatial_scale)."""
+    _check_input(input, op)
+    rois = _rois(boxes, input, op)
+    size, scale = _pair(output_size, op), _scale(spatial_scale, op)
+    return _host(input, "input", op), _host(rois, "boxes", op), size, scale
+
+
+# --------------------------------------------------------------------------- functions
+
+@torch.fx.wrap
+def roi_pool(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size,
+             spatial_scale: float = 1.0, *, n_threads: Optional[int] = None) -> Tensor:
+    """RoI max pooling (Fast R-CNN), as ``torchvision.ops.roi_pool``.
+
+    Args:
+        input (Tensor[N, C, H, W]): the feature maps.
+        boxes (Tensor[K, 5] or List[Tensor[L, 4]]): ``[batch_index, x1, y1, x2, y2]`` rows,
+            or one ``[x1, y1, x2, y2]`` tensor per image; in input's dtype.
+        output_size (int or Tuple[int, int]): pooled (height, width).
+        spatial_scale (float): feature size over image size, e.g. 0.5 for a 112x112 map of
+            a 224x224 image.
+        n_threads (int, optional): OpenMP threads; None follows ``torch.get_num_threads()``.
+
+    Returns:
+        Tensor[K, C, output_size[0], output_size[1]]
+    """
+    op = "roi_pool"
+    x, rois, (ph, pw), scale = _prepare(input, boxes, output_size, spatial_scale, op)
+    need_argmax = torch.is_grad_enabled() and input.requires_grad
+    y, _ = _roi_pool(x, rois, scale, ph, pw, need_argmax, n_threads)
+    return _on(y, input.device)
+
+
+@torch.fx.wrap
+def roi_align(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size,
+              spatial_scale: float = 1.0, sampling_ratio: int = -1, aligned: bool = False, *,
+              n_threads: Optional[int] = None) -> Tensor:
+    """RoIAlign (Mask R-CNN), as ``torchvision.ops.roi_align``.
+
+    Args:
+        input, boxes, output_size, spatial_scale, n_threads: as :func:`roi_pool`.
+        sampling_ratio (int): samples per bin and axis; <= 0 for ``ceil(bin size)``.
+        aligned (bool): shift boxes by -0.5 pixel (Detectron2's pixel model).
+
+    Returns:
+        Tensor[K, C, output_size[0], output_size[1]]
+    """
+    op = "roi_align"
+    x, rois, (ph, pw), scale = _prepare(input, boxes, output_size, spatial_scale, op)
+    y = _roi_align(x, rois, scale, ph, pw, sampling_ratio, aligned, n_threads)
+    return _on(y, input.device)
+
+
+@torch.fx.wrap
+def ps_roi_pool(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size,
+                spatial_scale: float = 1.0, *, n_threads: Optional[int] = None) -> Tensor:
+    """Position-sensitive RoI average pooling (R-FCN), as ``torchvision.ops.ps_roi_pool``.
+
+    input has ``D * output_size[0] * output_size[1]`` channels; output channel d at cell
+    (i, j) averages input channel ``(d * output_size[0] + i) * output_size[1] + j``.  As in
+    torchvision, the backward pass uses bins of its own (they reach the last row and column
+    of the map, which the forward never reads).  Other arguments as :func:`roi_pool`.
+
+    Returns:
+        Tensor[K, D, output_size[0], output_size[1]]
+    """
+    op = "ps_roi_pool"
+    x, rois, (ph, pw), scale = _prepare(input, boxes, output_size, spatial_scale, op)
+    y = _ps_roi_pool(x, rois, scale, ph, pw, n_threads)
+    return _on(y, input.device)
+
+
+@torch.fx.wrap
+def ps_roi_align(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size,
+                 spatial_scale: float = 1.0, sampling_ratio: int = -1, *,
+                 n_threads: Optional[int] = None) -> Tensor:
+    """Position-sensitive RoIAlign (Light-Head R-CNN), as ``torchvision.ops.ps_roi_align``.
+
+    Channels map as in :func:`ps_roi_pool`; samples as in :func:`roi_align` with
+    ``aligned=True``.  As in torchvision, a zero-size box with adaptive sampling gives NaN.
+    Other arguments as :func:`roi_align`.
+
+    Returns:
+        Tensor[K, D, output_size[0], output_size[1]]
+    """
+    op = "ps_roi_align"
+    x, rois, (ph, pw), scale = _prepare(input, boxes, output_size, spatial_scale, op)
+    y = _ps_roi_align(x, rois, scale, ph, pw, sampling_ratio, n_threads)
+    return _on(y, input.device)
+
+
+# --------------------------------------------------------------------------- modules
+
+class _PoolModule(nn.Module):
+    """RoIPool and PSRoIPool: the module keeps the function's arguments."""
+
+    def __init__(self, output_size, spatial_scale: float, *, n_threads: Optional[int] = None):
+        super().__init__()
+        self.output_size = output_size
+        self.spatial_scale = spatial_scale
+        self.n_threads = n_threads
+
+    def forward(self, input: Tensor, rois: Union[Tensor, List[Tensor]]) -> Tensor:
+        return self._function(input, rois, self.output_size, self.spatial_scale,
+                              n_threads=self.n_threads)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(output_size={self.output_size}, "
+                f"spatial_scale={self.spatial_scale})")
+
+
+class RoIPool(_PoolModule):
+    """See :func:`roi_pool`."""
+
+    _function = staticmethod(roi_pool)
+
+
+class PSRoIPool(_PoolModule):
+    """See :func:`ps_roi_pool`."""
+
+    _function = staticmethod(ps_roi_pool)
+
+
+class RoIAlign(nn.Module):
+    """See :func:`roi_align`."""
+
+    def __init__(self, output_size, spatial_scale: float, sampling_ratio: int,
+                 aligned: bool = False, *, n_threads: Optional[int] = None):
+        super().__init__()
+        self.output_size = output_size
+        self.spatial_scale = spatial_scale
+        self.sampling_ratio = sampling_ratio
+        self.aligned = aligned
+        self.n_threads = n_threads
+
+    def forward(self, input: Tensor, rois: Union[Tensor, List[Tensor]]) -> Tensor:
+        return roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio,
+                         self.aligned, n_threads=self.n_threads)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(output_size={self.output_size}, "
+                f"spatial_scale={self.spatial_scale}, sampling_ratio={self.sampling_ratio}, "
+                f"aligned={self.aligned})")
+
+
+class PSRoIAlign(nn.Module):
+    """See :func:`ps_roi_align`."""
+
+    def __init__(self, output_size, spatial_scale: float, sampling_ratio: int, *,
+                 n_threads: Optional[int] = None):
+        super().__init__()
+        self.output_size = output_size
+        self.spatial_scale = spatial_scale
+        self.sampling_ratio = sampling_ratio
+        self.n_threads = n_threads
+
+    def forward(self, input: Tensor, rois: Union[Tensor, List[Tensor]]) -> Tensor:
+        return ps_roi_align(input, rois, self.output_size, self.spatial_scale,
+                            self.sampling_ratio, n_threads=self.n_threads)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(output_size={self.output_size}, "
+                f"spatial_scale={self.spatial_scale}, sampling_ratio={self.sampling_ratio})")

@@ -1,0 +1,605 @@
+"""roicore.adapters.torch against torchvision's own CPU kernels.
+
+Parity means bit-identical outputs and input gradients (for a random upstream gradient) to
+``torchvision.ops`` on identical inputs, in float32 and float64, for every box format and
+thread count; then the operators inside real models (a convolution's output in, SGD steps
+and DDP gradients out), and the PyTorch machinery: opcheck, torch.compile, torch.export.
+"""
+import copy
+import inspect
+import io
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from conftest import framework
+
+torch = framework("torch", "the PyTorch adapter tests need torch")
+torchvision = framework("torchvision", "the PyTorch adapter tests need torchvision")
+from torchvision import ops as native  # noqa: E402
+
+from roicore.adapters import DeviceCopyWarning, _common, set_device_policy  # noqa: E402
+from roicore.adapters import torch as rt  # noqa: E402
+from strategies import cases  # noqa: E402
+
+OPS = ["roi_pool", "roi_align", "ps_roi_pool", "ps_roi_align"]
+MODULES = {"roi_pool": "RoIPool", "roi_align": "RoIAlign", "ps_roi_pool": "PSRoIPool",
+           "ps_roi_align": "PSRoIAlign"}
+DTYPES = [torch.float32, torch.float64]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _bits(t):
+    t = t.detach().cpu()
+    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def mismatches(actual, expected):
+    """Elements whose bits differ (any NaN equals any NaN); shapes and dtypes must agree."""
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
+    both_nan = torch.isnan(actual) & torch.isnan(expected)
+    return int(((_bits(actual) != _bits(expected)) & ~both_nan).sum())
+
+
+def assert_same(actual, expected, what=""):
+    n = mismatches(actual, expected)
+    assert n == 0, f"{what}: {n} of {expected.numel()} elements differ"
+
+
+def position_sensitive(op):
+    return op.startswith("ps_")
+
+
+def op_args(op, size, scale, sampling_ratio=-1, aligned=False):
+    """The positional arguments after (input, boxes), as torchvision takes them."""
+    if op in ("roi_pool", "ps_roi_pool"):
+        return (size, scale)
+    if op == "roi_align":
+        return (size, scale, sampling_ratio, aligned)
+    return (size, scale, sampling_ratio)
+
+
+def run(fn, x, boxes, args, g_seed=0, **kw):
+    """(output, input gradient for a seeded random upstream gradient) on a fresh leaf."""
+    x = x.detach().clone().requires_grad_(True)
+    y = fn(x, boxes, *args, **kw)
+    g = torch.from_numpy(np.random.default_rng(g_seed).standard_normal(tuple(y.shape))).to(y.dtype)
+    y.backward(g)
+    return y.detach(), x.grad
+
+
+def torchvision_safe(op, rois, args):
+    """Drop what torchvision cannot run: roi_align with aligned=True and an adaptive grid
+    on a reversed box sizes a vector with a negative count and throws.  roicore gives 0
+    there (test_aligned_reversed_box_is_zero_where_torchvision_throws)."""
+    if op != "roi_align" or not args[3] or args[2] > 0:
+        return rois
+    keep = (rois[:, 3] >= rois[:, 1]) & (rois[:, 4] >= rois[:, 2])
+    return rois[keep]
+
+
+def make_input(case, op, out_ch=2):
+    """The case's feature map, with D * PH * PW channels for position-sensitive ops."""
+    x = case.x
+    if position_sensitive(op):
+        PH, PW = case.output_size
+        rng = np.random.default_rng(7)
+        x = rng.standard_normal(x.shape[:1] + (out_ch * PH * PW,) + x.shape[2:]).astype(x.dtype)
+    return torch.from_numpy(x)
+
+
+def as_list(rois, n_images):
+    """Tensor[K, 5] rois -> one Tensor[L, 4] per image, with the rows regrouped by image."""
+    order = torch.argsort(rois[:, 0], stable=True)
+    rois = rois[order]
+    return [rois[rois[:, 0] == i][:, 1:] for i in range(n_images)], rois
+
+
+# ----------------------------------------------------------------------------- parity
+
+@pytest.mark.parametrize("op", OPS)
+@given(case=cases(max_c=3, max_hw=14, max_k=6, max_p=3), sampling_ratio=st.sampled_from([-1, 0, 2]),
+       aligned=st.booleans(), boxes_as_list=st.booleans(), n_threads=st.sampled_from([1, 2, 3]))
+def test_parity_with_torchvision(op, case, sampling_ratio, aligned, boxes_as_list, n_threads):
+    x = make_input(case, op)
+    args = op_args(op, case.output_size, case.spatial_scale, sampling_ratio, aligned)
+    rois = torchvision_safe(op, torch.from_numpy(case.rois), args)
+    boxes = rois
+    if boxes_as_list:
+        boxes, rois = as_list(rois, x.shape[0])
+    want_y, want_g = run(getattr(native, op), x, rois, args)
+    got_y, got_g = run(getattr(rt, op), x, boxes, args, n_threads=n_threads)
+    assert_same(got_y, want_y, f"{op} output")
+    assert_same(got_g, want_g, f"{op} gradient")
+
+
+def large_case(op, dtype, seed):
+    """A 512-box case on a 2 x C x 38 x 50 map: boxes of every kind, adaptive sampling."""
+    rng = np.random.default_rng(seed)
+    C = 2 * 49 if position_sensitive(op) else 16
+    x = torch.from_numpy(rng.standard_normal((2, C, 38, 50))).to(dtype)
+    xy = rng.uniform(-100, 850, (512, 2))
+    wh = rng.uniform(-60, 500, (512, 2))
+    wh[::17] = 0                                   # zero-size boxes
+    rois = np.hstack([rng.integers(0, 2, (512, 1)), xy, xy + wh])
+    rois[::13, 1:] = np.round(rois[::13, 1:] * 2) / 2   # halves
+    args = op_args(op, 7, 1 / 16, -1, bool(seed % 2))
+    return x, torchvision_safe(op, torch.from_numpy(rois).to(dtype), args), args
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_parity_on_a_large_case(op, dtype):
+    for seed in (0, 1):
+        x, rois, args = large_case(op, dtype, seed)
+        want_y, want_g = run(getattr(native, op), x, rois, args, seed)
+        got_y, got_g = run(getattr(rt, op), x, rois, args, seed, n_threads=2)
+        assert_same(got_y, want_y, f"{op} output")
+        assert_same(got_g, want_g, f"{op} gradient")
+
+
+def test_aligned_reversed_box_is_zero_where_torchvision_throws():
+    x = torch.randn(1, 2, 8, 8)
+    rois = torch.tensor([[0, 6.0, 1, 1, 7]])           # x2 < x1: grid -2 x 3
+    with pytest.raises(RuntimeError):
+        native.roi_align(x, rois, 2, 1.0, -1, True)
+    assert not rt.roi_align(x, rois, 2, 1.0, -1, True).any()
+
+
+def test_ps_roi_align_zero_size_box_is_nan_like_torchvision():
+    x = torch.randn(1, 4, 8, 8)
+    rois = torch.tensor([[0, 3.0, 3, 3, 3], [0, 1, 1, 6, 6]])
+    got, want = rt.ps_roi_align(x, rois, 2), native.ps_roi_align(x, rois, 2)
+    assert torch.isnan(want[0]).all() and not torch.isnan(want[1]).any()
+    assert_same(got, want, "ps_roi_align")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_modules_match_torchvision(op):
+    x, rois, args = large_case(op, torch.float32, 2)
+    theirs = getattr(native, MODULES[op])(*args)
+    mine = getattr(rt, MODULES[op])(*args, n_threads=2)
+    assert repr(mine) == repr(theirs)
+    assert_same(mine(x, rois), theirs(x, rois), MODULES[op])
+    boxes, rois = as_list(rois, 2)
+    assert_same(mine(x, boxes), theirs(x, rois), f"{MODULES[op]} with a list of boxes")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_signatures_are_torchvisions_with_n_threads(op):
+    for name in (op, MODULES[op]):
+        ours, theirs = (inspect.signature(getattr(m, name)) for m in (rt, native))
+        params = list(ours.parameters.values())
+        assert params[-1].name == "n_threads" and params[-1].default is None
+        assert params[-1].kind is inspect.Parameter.KEYWORD_ONLY
+        assert [(p.name, p.default) for p in params[:-1]] == \
+               [(p.name, p.default) for p in theirs.parameters.values()]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_half_precision_is_computed_in_float32(op, dtype):
+    x, rois, args = large_case(op, torch.float32, 3)
+    x, rois = x.to(dtype), rois.to(dtype)
+    got_y, got_g = run(getattr(rt, op), x, rois, args, 4)
+    y32, g32 = run(getattr(rt, op), x.float(), rois.float(), args, 4)
+    assert got_y.dtype == got_g.dtype == dtype
+    assert_same(got_y, y32.to(dtype), "output")
+    # the upstream gradient is drawn in float32 and rounded to dtype: the same for both
+    g = torch.from_numpy(np.random.default_rng(4).standard_normal(tuple(y32.shape))).to(dtype)
+    xf = x.float().requires_grad_(True)
+    getattr(rt, op)(xf, rois.float(), *args).backward(g.float())
+    assert_same(got_g, xf.grad.to(dtype), "gradient")
+
+
+# ----------------------------------------------------------------------------- registration
+
+def _op_samples():
+    x = torch.randn(2, 8, 10, 12, dtype=torch.float64, requires_grad=True)
+    # a reversed box, but no zero-size one: opcheck compares outputs, and NaN (ps_roi_align's
+    # empty grid) never compares equal
+    b = torch.tensor([[0, 1, 1, 7, 8], [1, 0.5, 2, 9, 9.5], [0, 9, 9, 1, 1]], dtype=torch.float64)
+    ops = torch.ops.roicore
+    g2 = torch.randn(3, 2, 2, 2, dtype=torch.float64)
+    g8 = torch.randn(3, 8, 3, 2, dtype=torch.float64)
+    argmax = ops.roi_pool(x, b, 0.5, 3, 2, True, None)[1]
+    return [
+        (ops.roi_pool, (x, b, 0.5, 3, 2, True, None)),
+        (ops.roi_pool, (x, b, 0.5, 3, 2, False, 2)),
+        (ops.roi_align, (x, b, 0.5, 3, 2, 2, True, None)),
+        (ops.roi_align, (x, b, 0.5, 3, 2, -1, False, 1)),
+        (ops.ps_roi_pool, (x, b, 0.7, 2, 2, None)),
+        (ops.ps_roi_align, (x, b, 0.7, 2, 2, -1, None)),
+        (ops.roi_pool_backward, (g8, argmax, b, 2, 8, 10, 12, None)),
+        (ops.roi_align_backward, (g8, b, 0.5, 2, 8, 10, 12, 2, True, None)),
+        (ops.ps_roi_pool_backward, (g2, b, 0.7, 2, 8, 10, 12, None)),
+        (ops.ps_roi_align_backward, (g2, b, 0.7, 2, 8, 10, 12, -1, None)),
+    ]
+
+
+@pytest.mark.parametrize("i", range(10))
+def test_opcheck(i):
+    op, args = _op_samples()[i]
+    torch.library.opcheck(op, args)
+
+
+def _all_ops(x, b):
+    return (rt.roi_pool(x, b, 3, 0.5), rt.roi_align(x, b, (3, 2), 0.5, 2, True),
+            rt.ps_roi_pool(x, b, 2, 0.7), rt.ps_roi_align(x, b, 2, 0.7))
+
+
+def _compile_inputs():
+    rng = np.random.default_rng(6)
+    x = torch.from_numpy(rng.standard_normal((2, 8, 12, 14)).astype(np.float32))
+    b = torch.tensor([[0, 1, 1, 17, 18], [1, 0.5, 2, 29, 19.5], [0, 13, 2, 3, 22]])
+    return x, b
+
+
+def test_torch_compile_fullgraph_forward_and_backward():
+    x, b = _compile_inputs()
+    compiled = torch.compile(_all_ops, fullgraph=True)
+    results = []
+    for fn in (compiled, _all_ops, lambda x, b: tuple(
+            getattr(native, op)(x, b, *args) for op, args in
+            [("roi_pool", (3, 0.5)), ("roi_align", ((3, 2), 0.5, 2, True)),
+             ("ps_roi_pool", (2, 0.7)), ("ps_roi_align", (2, 0.7))])):
+        xg = x.clone().requires_grad_(True)
+        ys = fn(xg, b)
+        sum(y.sum() * (i + 1) for i, y in enumerate(ys)).backward()
+        results.append((ys, xg.grad))
+    for (ys, g), name in zip(results[1:], ("eager", "torchvision")):
+        for got, want in zip(results[0][0], ys):
+            assert_same(got, want, f"compiled vs {name} output")
+        assert_same(results[0][1], g, f"compiled vs {name} gradient")
+
+
+class _Head(torch.nn.Module):
+    def __init__(self, pool, channels=8):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, channels, 3, padding=1)
+        self.pool = pool
+
+    def forward(self, img, boxes):
+        return self.pool(torch.relu(self.conv(img)), boxes)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_torch_export_save_and_load(op):
+    torch.manual_seed(0)
+    x, rois, args = large_case(op, torch.float32, 4)
+    model = _Head(getattr(rt, MODULES[op])(*args), x.shape[1]).eval()
+    img = torch.randn(2, 3, 38, 50)
+    with torch.no_grad():
+        program = torch.export.export(model, (img, rois))
+    assert f"torch.ops.roicore.{op}.default" in program.graph_module.code
+    buf = io.BytesIO()
+    torch.export.save(program, buf)
+    buf.seek(0)
+    loaded = torch.export.load(buf)
+    with torch.no_grad():
+        assert_same(loaded.module()(img, rois), model(img, rois), f"exported {op}")
+
+
+def test_torchscript_script_is_refused_and_trace_records_the_ops():
+    """As the module docstring says: scripting fails, tracing records torch.ops.roicore."""
+    module = rt.RoIAlign(2, 0.5, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(torch.jit.frontend.NotSupportedError):
+            torch.jit.script(module)
+        x, b = _compile_inputs()
+        traced = torch.jit.trace(module, (x, b))
+    assert "roicore::roi_align" in str(traced.graph)
+    assert_same(traced(x, b), module(x, b), "traced")
+
+
+# ----------------------------------------------------------------------------- memory
+
+def test_no_copies_on_cpu_and_argmax_only_for_gradients(spy_core):
+    x, b = _compile_inputs()
+    calls = spy_core("roi_pool")
+    y = rt.roi_pool(x, b, 3, 0.5)
+    ((x_in, boxes_in, *_), kw, result), = calls
+    assert x_in.ctypes.data == x.data_ptr() and boxes_in.ctypes.data == b.data_ptr()
+    assert result.ctypes.data == y.data_ptr()
+    assert not kw["return_argmax"]
+    with torch.no_grad():
+        rt.roi_pool(x.requires_grad_(True), b, 3, 0.5)
+    assert not calls[1].kwargs["return_argmax"]
+    rt.roi_pool(x, b, 3, 0.5)
+    assert calls[2].kwargs["return_argmax"]
+
+
+@pytest.mark.parametrize("op", ["roi_align", "ps_roi_pool", "ps_roi_align"])
+def test_no_copies_for_the_other_ops(op, spy_core):
+    x, b = _compile_inputs()
+    calls = spy_core({"ps_roi_pool": "psroi_pool"}.get(op, op))
+    y = getattr(rt, op)(x, b, 2)
+    ((x_in, boxes_in, *_), _, result), = calls
+    assert x_in.ctypes.data == x.data_ptr() and boxes_in.ctypes.data == b.data_ptr()
+    assert result.ctypes.data == y.data_ptr()
+
+
+def test_default_threads_follow_torch(spy_core):
+    x, b = _compile_inputs()
+    calls = spy_core("roi_align")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        rt.roi_align(x, b, 2)
+        torch.set_num_threads(2)
+        rt.roi_align(x, b, 2)
+    finally:
+        torch.set_num_threads(before)
+    rt.roi_align(x, b, 2, n_threads=3)
+    assert [c.kwargs["n_threads"] for c in calls] == [1, 2, 3]
+
+
+def test_strided_input_and_gradient():
+    base = torch.randn(2, 8, 14, 12)
+    x = base.transpose(2, 3)                        # not contiguous
+    b = torch.tensor([[0, 1, 1, 9, 10], [1, 2, 0, 11, 13.0]])
+    for op in OPS:
+        assert_same(getattr(rt, op)(x, b, 2), getattr(native, op)(x, b, 2), f"strided {op}")
+        xg = x.detach().requires_grad_(True)
+        getattr(rt, op)(xg, b, 2).sum().backward()  # an expanded (stride 0) upstream gradient
+        xn = x.detach().requires_grad_(True)
+        getattr(native, op)(xn, b, 2).sum().backward()
+        assert_same(xg.grad, xn.grad, f"strided {op} gradient")
+
+
+# ----------------------------------------------------------------------------- devices
+
+@pytest.fixture
+def device_policy():
+    """Restores the device policy and the once-per-device warning record."""
+    previous = _common.get_device_policy()
+    warned = set(_common._warned)
+    yield set_device_policy
+    set_device_policy(previous)
+    _common._warned.clear()
+    _common._warned.update(warned)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_off_host_tensors_are_refused_under_policy_error(op, device_policy):
+    """No GPU is needed: a tensor on the meta device is off the host like a CUDA one."""
+    device_policy("error")
+    x = torch.empty(1, 4, 6, 6, device="meta")
+    b = torch.tensor([[0, 0, 0, 4, 4.0]])
+    with pytest.raises(ValueError, match=rf"roicore.adapters.torch: {op}: input is on meta, but "
+                                         r"roicore computes on the CPU"):
+        getattr(rt, op)(x, b, 2)
+    with pytest.raises(ValueError, match=rf"{op}: boxes is on meta"):
+        getattr(rt, op)(torch.ones(1, 4, 6, 6), b.to("meta"), 2)
+
+
+def test_off_host_tensors_warn_once_then_copy(device_policy, monkeypatch):
+    """Under policy "copy", a tensor off the host warns once per device and is copied: shown
+    with the meta device (whose data cannot be copied, so torch then refuses), and, for the
+    values and the gradient through the copies, with a CPU tensor that the adapter is told
+    lives elsewhere."""
+    device_policy("copy")
+    _common._warned.clear()
+    x = torch.empty(1, 4, 6, 6, device="meta")
+    b = torch.tensor([[0, 0, 0, 4, 4.0]])
+    with pytest.warns(DeviceCopyWarning, match=r"roi_align: input is on meta; roicore computes "
+                                               r"on the CPU, so inputs are copied"):
+        with pytest.raises(NotImplementedError):
+            rt.roi_align(x, b, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeviceCopyWarning)   # once per device
+        with pytest.raises(NotImplementedError):
+            rt.roi_align(x, b, 2)
+
+    copies = []
+
+    def host(t, name, op):
+        _common.off_host("torch", f"{op}: {name}", "cuda:7")
+        copies.append(name)
+        return t.clone()                               # the copy to the host
+
+    monkeypatch.setattr(rt, "_host", host)
+    xc = torch.randn(1, 4, 6, 6, requires_grad=True)
+    with pytest.warns(DeviceCopyWarning, match=r"input is on cuda:7"):
+        y = rt.roi_align(xc, b, 2)
+    assert copies == ["input", "boxes"]
+    y.sum().backward()
+    xn = xc.detach().requires_grad_(True)
+    native.roi_align(xn, b, 2).sum().backward()
+    assert_same(xc.grad, xn.grad, "gradient through the copies")
+
+
+# ----------------------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("op", OPS)
+def test_errors_name_the_argument(op):
+    fn = getattr(rt, op)
+    x = torch.randn(2, 8, 6, 6)
+    good = torch.tensor([[0, 0, 0, 4, 4.0]])
+    with pytest.raises(ValueError, match=rf"{op}: boxes must be a Tensor\[K, 5\].*got shape \(1, 4\)"):
+        fn(x, good[:, 1:], 2)
+    with pytest.raises(ValueError, match=rf"{op}: boxes\[1\] must be a Tensor\[L, 4\]"):
+        fn(x, [good[:, 1:], good], 2)
+    with pytest.raises(TypeError, match=rf"{op}: boxes must be a Tensor\[K, 5\] or a list"):
+        fn(x, good.numpy(), 2)
+    with pytest.raises(TypeError, match=rf"{op}: boxes must have input's dtype torch.float32, "
+                                        r"got torch.float64"):
+        fn(x, good.double(), 2)
+    with pytest.raises(ValueError, match=rf"{op}: input must be a 4-D Tensor\[N, C, H, W\]"):
+        fn(x[0], good, 2)
+    with pytest.raises(TypeError, match=rf"{op}: input must be float32, float64, float16 or "
+                                        r"bfloat16, got torch.int64"):
+        fn(x.long(), good.long(), 2)
+    with pytest.raises(TypeError, match=rf"{op}: output_size must be an int or a pair"):
+        fn(x, good, 2.0)
+    with pytest.raises(ValueError, match=r"boxes\[0, 0\] \(batch index\) must be an integer"):
+        fn(x, torch.tensor([[0.5, 0, 0, 4, 4]]), 2)
+    with pytest.raises(ValueError, match=r"boxes\[:, 0\]\[0\] = 2 is out of range .* N=2"):
+        fn(x, torch.tensor([[2.0, 0, 0, 4, 4]]), 2)
+    with pytest.raises(ValueError, match=r"boxes coordinates must be finite"):
+        fn(x, torch.tensor([[0, 0, float("nan"), 4, 4]]), 2)
+    with pytest.raises(ValueError, match=r"spatial_scale must be positive"):
+        fn(x, good, 2, -1.0)
+    with pytest.raises(TypeError, match=rf"{op}: spatial_scale must be a real number, got str"):
+        fn(x, good, 2, "1")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_no_boxes(op):
+    x = torch.randn(2, 8, 6, 6)
+    empty = torch.zeros(0, 5)
+    want_y, want_g = run(getattr(native, op), x, empty, (2, 0.5))
+    for boxes in (empty, [torch.zeros(0, 4), torch.zeros(0, 4)]):
+        got_y, got_g = run(getattr(rt, op), x, boxes, (2, 0.5))
+        assert_same(got_y, want_y, f"{op} output")
+        assert_same(got_g, want_g, f"{op} gradient")
+
+
+@pytest.mark.parametrize("op", ["ps_roi_pool", "ps_roi_align"])
+def test_position_sensitive_channel_count(op):
+    with pytest.raises(ValueError, match=r"C=8 channels, which is not a multiple of the group "
+                                         r"area 3x3=9"):
+        getattr(rt, op)(torch.randn(1, 8, 6, 6), torch.tensor([[0, 0, 0, 4, 4.0]]), 3)
+
+
+def test_boxes_get_no_gradient():
+    x = torch.randn(1, 2, 6, 6, requires_grad=True)
+    b = torch.tensor([[0, 0, 0, 4, 4.0]], requires_grad=True)
+    rt.roi_align(x, b, 2).sum().backward()
+    assert x.grad is not None and b.grad is None
+
+
+def test_double_backward_is_refused():
+    x = torch.randn(1, 2, 6, 6, requires_grad=True)
+    b = torch.tensor([[0, 0, 0, 4, 4.0]])
+    (g,) = torch.autograd.grad(rt.roi_align(x, b, 2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError):
+        g.sum().backward()
+
+
+# ----------------------------------------------------------------------------- models
+
+class DetectionHead(torch.nn.Module):
+    """conv -> RoI op -> linear: the shape of a Fast R-CNN head."""
+
+    def __init__(self, pool, pooled_channels):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.pool = pool
+        self.fc = torch.nn.Linear(pooled_channels * 4, 3)
+
+    def forward(self, img, boxes):
+        return self.fc(self.pool(torch.relu(self.conv(img)), boxes).flatten(1))
+
+
+def _head(op, module_namespace):
+    args = op_args(op, 2, 0.25, 2, True)
+    pooled = 2 if position_sensitive(op) else 8
+    return DetectionHead(getattr(module_namespace, MODULES[op])(*args), pooled)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_sgd_training_matches_torchvision_step_for_step(op, dtype):
+    """Five SGD steps of the same head from the same weights, once with torchvision's op and
+    once with roicore's: losses and every weight identical, bit for bit, at every step."""
+    torch.manual_seed(1)
+    theirs = _head(op, native).to(dtype)
+    mine = _head(op, rt).to(dtype)
+    mine.load_state_dict(theirs.state_dict())
+    initial = copy.deepcopy(mine.conv.weight.detach())
+    rng = np.random.default_rng(2)
+    img = torch.from_numpy(rng.standard_normal((2, 3, 24, 20))).to(dtype)
+    xy = rng.uniform(0, 70, (12, 2))
+    boxes = [torch.from_numpy(np.hstack([xy[i::2], xy[i::2] + rng.uniform(4, 40, (6, 2))])).to(dtype)
+             for i in range(2)]
+    labels = torch.from_numpy(rng.integers(0, 3, 12))
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (theirs, mine)]
+    for step in range(5):
+        losses = []
+        for model, opt in zip((theirs, mine), opts):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(img, boxes), labels)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        assert_same(losses[1], losses[0], f"step {step} loss")
+        for (name, p), q in zip(theirs.named_parameters(), mine.parameters()):
+            assert_same(q.detach(), p.detach(), f"step {step} {name}")
+    assert not torch.equal(mine.conv.weight, initial)  # it did train
+
+
+_DDP_WORKER = textwrap.dedent("""
+    import sys, numpy as np, torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    sys.path.insert(0, {tests!r})
+    from test_torch import ddp_batch, ddp_model
+    rank, world, init = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    model = DistributedDataParallel(ddp_model({op!r}))
+    img, boxes, labels = ddp_batch(rank)
+    torch.nn.functional.cross_entropy(model(img, boxes), labels).backward()
+    np.savez(sys.argv[4], **{{n: p.grad.numpy() for n, p in model.module.named_parameters()}})
+    dist.destroy_process_group()
+""")
+
+
+def ddp_model(op):
+    torch.manual_seed(3)
+    return _head(op, rt)
+
+
+def ddp_batch(shard):
+    """Shard 0 or 1 of a two-image batch: one image, its boxes and labels."""
+    rng = np.random.default_rng([4, shard])
+    img = torch.from_numpy(rng.standard_normal((1, 3, 24, 20)).astype(np.float32))
+    xy = rng.uniform(0, 70, (5, 2))
+    boxes = [torch.from_numpy(np.hstack([xy, xy + rng.uniform(4, 40, (5, 2))]).astype(np.float32))]
+    return img, boxes, torch.from_numpy(rng.integers(0, 3, 5))
+
+
+@pytest.mark.parametrize("op", ["roi_align", "ps_roi_pool"])
+def test_ddp_gradients_match_a_single_process(op, tmp_path):
+    """DistributedDataParallel with gloo over 2 CPU processes: each rank's backward runs
+    roicore's, and the averaged gradients equal a single process's, bit for bit, when it
+    takes the two shards' gradients the same way (DDP divides each by 2 and adds them)."""
+    init = f"file://{tmp_path / 'rendezvous'}"
+    script = _DDP_WORKER.format(tests=os.path.dirname(__file__), op=op)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(r), "2", init,
+                               str(tmp_path / f"rank{r}.npz")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
+    model = ddp_model(op)
+    shard_grads = []
+    for shard in range(2):
+        model.zero_grad()
+        img, boxes, labels = ddp_batch(shard)
+        torch.nn.functional.cross_entropy(model(img, boxes), labels).backward()
+        shard_grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name, _ in model.named_parameters():
+        want = shard_grads[0][name] / 2 + shard_grads[1][name] / 2
+        for r in range(2):
+            assert_same(torch.from_numpy(ranks[r][name]), want, f"rank {r} {name}")
+    # and the same numbers, up to rounding, as one backward over the whole batch
+    model.zero_grad()
+    parts = [ddp_batch(s) for s in range(2)]
+    img = torch.cat([p[0] for p in parts])
+    labels = torch.cat([p[2] for p in parts])
+    torch.nn.functional.cross_entropy(model(img, [p[1][0] for p in parts]), labels).backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(torch.from_numpy(ranks[0][name]), p.grad, rtol=1e-5, atol=1e-6)
