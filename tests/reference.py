@@ -657,6 +657,18 @@ def _tv_psroi_setup(shape, output_size, group_size, output_channels=None):
     return N, C, H, W, PH, PW, C // (PH * PW)
 
 
+def _tv_ps_backward_setup(grad_output, boxes, input_shape, output_size, group_size=None):
+    """(g, T, boxes in T, (N, C, H, W, PH, PW, D), zeroed dx) of a torchvision
+    position-sensitive backward, its grad_output checked against the shapes."""
+    g = np.asarray(grad_output)
+    T = _real_type(g)
+    shapes = _tv_psroi_setup(tuple(int(v) for v in input_shape), output_size, group_size)
+    N, C, H, W, PH, PW, D = shapes
+    if g.shape[1:] != (D, PH, PW):
+        raise ValueError(f"grad_output shape {g.shape} does not fit {D} channels of {PH}x{PW}")
+    return g, T, _boxes_as(boxes, T), shapes, np.zeros((N, C, H, W), dtype=T)
+
+
 def _tv_psroi_pool(x, boxes, batch, output_channels, output_size, spatial_scale, rules,
                    group_size=None):
     """Forward: bins clamped to [0, H-1] x [0, W-1]; mean = sum (h outer, w inner) / area;
@@ -693,15 +705,9 @@ def _tv_psroi_pool_backward(grad_output, boxes, batch, input_shape, output_size,
                             rules, group_size=None):
     """Backward: bins from roundf'ed coordinates, clamped to [0, H] x [0, W]; serial over
     (n, ph, pw, d), ``dx += g/area`` over the bin."""
-    g = np.asarray(grad_output)
-    T = _real_type(g)
-    boxes = _boxes_as(boxes, T)
-    N, C, H, W, PH, PW, D = _tv_psroi_setup(tuple(int(v) for v in input_shape), output_size,
-                                            group_size)
-    if g.shape[1:] != (D, PH, PW):
-        raise ValueError(f"grad_output shape {g.shape} does not fit {D} channels of {PH}x{PW}")
+    g, T, boxes, (N, C, H, W, PH, PW, D), dx = _tv_ps_backward_setup(
+        grad_output, boxes, input_shape, output_size, group_size)
     s = _scale(T, spatial_scale, rules.scale_precision)
-    dx = np.zeros((N, C, H, W), dtype=T)
     with np.errstate(all="ignore"):
         for n in range(g.shape[0]):
             b = _batch_index(batch, n, N)
@@ -1014,15 +1020,9 @@ def ps_roi_align_backward(grad_output, boxes, batch, input_shape, output_size, s
                           sampling_ratio, rules):
     """Serial over (n, d, ph, pw, iy, ix): ``(g*w_k)/count`` added to the four corners of
     in-range samples of channel ``(d*PH + ph)*PW + pw``."""
-    g = np.asarray(grad_output)
-    T = _real_type(g)
-    boxes = _boxes_as(boxes, T)
-    N, C, H, W, PH, PW, D = _tv_psroi_setup(tuple(int(v) for v in input_shape), output_size,
-                                            None)
-    if g.shape[1:] != (D, PH, PW):
-        raise ValueError(f"grad_output shape {g.shape} does not fit {D} channels of {PH}x{PW}")
+    g, T, boxes, (N, C, H, W, PH, PW, D), dx = _tv_ps_backward_setup(
+        grad_output, boxes, input_shape, output_size)
     s = _scale(T, spatial_scale, rules.scale_precision)
-    dx = np.zeros((N, C, H, W), dtype=T)
     with np.errstate(all="ignore"):
         for n in range(g.shape[0]):
             b = _batch_index(batch, n, N)

@@ -66,6 +66,14 @@ static inline int64_t roicore_round_up(int64_t n, int64_t m) { return (n + m - 1
 static inline size_t roicore_dtype_size(roicore_dtype d) { return d == ROICORE_FLOAT32 ? 4 : 8; }
 static inline size_t roicore_index_size(roicore_index_type t) { return t == ROICORE_INT32 ? 4 : 8; }
 
+/* Zero channel c of every image of NCHW tensor t: the start of a backward task that owns
+ * the channel's gradient planes. */
+static inline void roicore_zero_channel(const roicore_tensor *t, int64_t c) {
+    const size_t plane = (size_t)(t->h * t->w) * roicore_dtype_size(t->dtype);
+    for (int64_t n = 0; n < t->n; ++n)
+        memset((char *)t->data + (size_t)(n * t->c + c) * plane, 0, plane);
+}
+
 /* ------------------------------------------------------------------------ errors */
 
 /* Fill `err` (if any) and return `code`. */

@@ -153,7 +153,7 @@ static int TYPED(ps_align_backward)(const roicore_tensor *g_out, const roicore_b
                                     double scale, int64_t sampling_ratio,
                                     const roicore_tensor *dx, roicore_run *run,
                                     roicore_error *err) {
-    const int64_t K = boxes->k, N = dx->n, C = dx->c, H = dx->h, W = dx->w, HW = H * W;
+    const int64_t K = boxes->k, C = dx->c, H = dx->h, W = dx->w, HW = H * W;
     const int64_t PH = g_out->h, PW = g_out->w;
     TYPED(ps_align_plan) p;
     int rc = TYPED(ps_align_plan_make)(&p, boxes, scale, sampling_ratio, PH, PW, run->n_threads,
@@ -164,7 +164,7 @@ static int TYPED(ps_align_backward)(const roicore_tensor *g_out, const roicore_b
 #pragma omp parallel for num_threads(run->n_threads) schedule(dynamic, 1)
     for (int64_t c = 0; c < C; ++c) {
         if (roicore_stopping(run)) continue;
-        for (int64_t n = 0; n < N; ++n) memset(dxd + (n * C + c) * HW, 0, (size_t)HW * sizeof(T));
+        roicore_zero_channel(dx, c);
         const int64_t ph = c / PW % PH, pw = c % PW;
         SAMPLES ys = TYPED(ps_align_piece)(&p, 0), xs = TYPED(ps_align_piece)(&p, 1);
         for (int64_t k = 0; k < K; ++k) {

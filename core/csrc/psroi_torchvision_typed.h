@@ -88,7 +88,7 @@ static int TYPED(tv_forward)(const roicore_tensor *x, const roicore_boxes *boxes
 static int TYPED(tv_backward)(const roicore_tensor *g_out, const roicore_boxes *boxes,
                               double scale, const roicore_tensor *dx, roicore_run *run,
                               roicore_error *err) {
-    const int64_t K = boxes->k, N = dx->n, C = dx->c, H = dx->h, W = dx->w, HW = H * W;
+    const int64_t K = boxes->k, C = dx->c, H = dx->h, W = dx->w, HW = H * W;
     const int64_t PH = g_out->h, PW = g_out->w;
     TV_BOX *geo = TYPED(tv_boxes)(boxes, scale, PH, PW, 1, err);
     if (!geo) return err ? err->code : ROICORE_ERR_MEMORY;
@@ -97,7 +97,7 @@ static int TYPED(tv_backward)(const roicore_tensor *g_out, const roicore_boxes *
 #pragma omp parallel for num_threads(run->n_threads) schedule(dynamic, 1)
     for (int64_t c = 0; c < C; ++c) {
         if (roicore_stopping(run)) continue;
-        for (int64_t n = 0; n < N; ++n) memset(dxd + (n * C + c) * HW, 0, (size_t)HW * sizeof(T));
+        roicore_zero_channel(dx, c);
         const int64_t ph = c / PW % PH, pw = c % PW;
         for (int64_t k = 0; k < K; ++k) {
             const TV_BOX *g = &geo[k];
