@@ -29,9 +29,12 @@ Double backward is not supported (as in torchvision).
 Copies.  On the CPU the feature map, boxes and upstream gradient are viewed, not copied
 (a non-contiguous input is made contiguous, as torchvision does), and results are handed
 back without a copy.  ``roi_pool`` computes its argmax only when a gradient can be asked
-for.  Tensors on another device follow :func:`roicore.adapters.set_device_policy`: copied
-to the host and the result copied back (with a DeviceCopyWarning once per device), or
-refused with ValueError; gradients flow back through the copies.
+for (under torch.compile and torch.export, as decided when the call is traced: export
+under ``torch.no_grad()`` for inference).
+
+Devices.  Tensors on another device follow :func:`roicore.adapters.set_device_policy`:
+copied to the host and the result copied back (with a DeviceCopyWarning once per device),
+or refused with ValueError; gradients flow back through the copies.
 """
 from __future__ import annotations
 
@@ -96,8 +99,8 @@ def _(input, rois, spatial_scale, pooled_height, pooled_width, need_argmax, n_th
     shape = (rois.shape[0], input.shape[1], pooled_height, pooled_width)
     if not need_argmax:
         return input.new_empty(shape), input.new_empty(0, dtype=torch.int32)
-    # the argmax is h*W + w, widened to int64 where a plane has 2**31 pixels or more
-    index = torch.int32 if input.shape[2] * input.shape[3] < 2**31 else torch.int64
+    # the argmax is h*W + w, widened to int64 where a plane has 2**31 - 1 pixels or more
+    index = torch.int32 if input.shape[2] * input.shape[3] < 2**31 - 1 else torch.int64
     return input.new_empty(shape), input.new_empty(shape, dtype=index)
 
 
