@@ -124,12 +124,17 @@ def _roi_pool_context(ctx, inputs, output):
     # a caller of the op that asked for no argmax and then for a gradient gets the argmax
     # recomputed from the input (the functions above never do this)
     ctx.save_for_backward(rois, output[1], None if need_argmax else input)
+    ctx.mark_non_differentiable(output[1])
+    # else autograd hands the backward a zero "gradient" of the argmax, as large as it is
+    ctx.set_materialize_grads(False)
     ctx.need_argmax = need_argmax
     ctx.args = (spatial_scale, pooled_height, pooled_width)
     ctx.input_shape, ctx.n_threads = input.shape, n_threads
 
 
 def _roi_pool_gradient(ctx, grad, _grad_argmax):
+    if grad is None:  # the output itself received no gradient
+        return None, None, None, None, None, None, None
     rois, argmax, input = ctx.saved_tensors
     if not ctx.need_argmax:
         argmax = _roi_pool(input, rois, *ctx.args, True, ctx.n_threads)[1]

@@ -328,6 +328,24 @@ def test_no_copies_for_the_other_ops(op, spy_core):
     assert result.ctypes.data == y.data_ptr()
 
 
+def test_roi_pool_backward_gets_no_argmax_gradient():
+    """The argmax output is not differentiable, and autograd must not build a zero
+    "gradient" of its size for every backward (a large allocation, for nothing)."""
+    seen = []
+
+    def spy(ctx, grad, grad_argmax):
+        seen.append(grad_argmax)
+        return rt._roi_pool_gradient(ctx, grad, grad_argmax)
+
+    rt._roi_pool.register_autograd(spy, setup_context=rt._roi_pool_context)
+    try:
+        x, b = _compile_inputs()
+        rt.roi_pool(x.requires_grad_(True), b, 3, 0.5).sum().backward()
+    finally:
+        rt._roi_pool.register_autograd(rt._roi_pool_gradient, setup_context=rt._roi_pool_context)
+    assert seen == [None]
+
+
 def test_default_threads_follow_torch(spy_core):
     x, b = _compile_inputs()
     calls = spy_core("roi_align")
