@@ -6,7 +6,7 @@ import csv
 from . import workloads as WL
 from ._report import Note, Table, Text, machine, render_markdown
 
-ORDER = ("roi_pool", "roi_align", "psroi_pool", "roi_pool_bilinear")
+ORDER = ("roi_pool", "roi_align", "psroi_pool", "roi_pool_bilinear", "ps_roi_align")
 
 
 # ----------------------------------------------------------------------------- cells
@@ -200,7 +200,8 @@ def _run_notes(report, adapters):
         out.append(Note(
             "adapter overhead: the adapter and the bare roicore.core call it makes (same "
             "workload, thread count and conventions as the adapter: paddle's for paddle, "
-            "mxnet's for mxnet and tensorflow (per-plane argmax), with the argmax a gradient "
+            "mxnet's for mxnet and tensorflow (per-plane argmax), torchvision's for torch, "
+            "with the argmax a gradient "
             "needs) are timed in the same worker process, interleaved in every round, and each "
             "ratio is the median of the rounds' ratios (a round's two calls run next to each "
             "other); the roicore ms column above comes from the separate roicore worker.  "

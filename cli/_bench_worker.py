@@ -76,7 +76,8 @@ def core_passes(case, dy, n, rules):
     ``forward()`` -> y (roi_pool: no argmax); ``forward_saving()`` -> the tuple of forward
     outputs the backward needs (y, plus argmax for max pooling); ``backward(saved)`` -> dx.
     ``rules`` maps "roi_pool" (forward without argmax), "roi_pool/saving" (forward keeping
-    the argmax), "roi_pool/backward", "roi_align", "psroi_pool" and "roi_pool_bilinear" to
+    the argmax), "roi_pool/backward", "roi_align", "psroi_pool", "roi_pool_bilinear" and
+    "ps_roi_align" to
     the convention (name or rules object) each call uses.  The roicore worker times these calls against the
     native ops; each framework worker times them, with its adapter's conventions, next to
     the adapter (the in-process core of the adapter-overhead table).
@@ -122,6 +123,19 @@ def core_passes(case, dy, n, rules):
         def bwd(saved):
             return rc.psroi_pool_backward(dy, boxes, x.shape, s, batch_indices=bi,
                                           convention=rules["psroi_pool"], n_threads=n)
+    elif op == "ps_roi_align":
+        sr = case["sampling_ratio"]
+
+        def fwd():
+            return rc.ps_roi_align(x, boxes, P, s, sr, batch_indices=bi, convention=rules[op],
+                                   n_threads=n)
+
+        def fwd_saving():
+            return (fwd(),)
+
+        def bwd(saved):
+            return rc.ps_roi_align_backward(dy, boxes, x.shape, s, sr, batch_indices=bi,
+                                            convention=rules[op], n_threads=n)
     elif op == "roi_pool_bilinear":
         def fwd():
             return rc.roi_pool(x, boxes, P, s, batch_indices=bi, method="bilinear",
@@ -159,7 +173,8 @@ class CoreBench:
     # roicore.core's conventions in the native-ratio table (variant ""); other conventions
     # are timed on request, each as the variant named after it
     RULES = {"roi_pool": "mxnet", "roi_pool/saving": "mxnet", "roi_pool/backward": "mxnet",
-             "roi_align": "mxnet", "psroi_pool": "paddle", "roi_pool_bilinear": "tensorflow"}
+             "roi_align": "mxnet", "psroi_pool": "paddle", "roi_pool_bilinear": "tensorflow",
+             "ps_roi_align": "torchvision"}
 
     def __init__(self, threads):
         import roicore.core as rc

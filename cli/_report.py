@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 FRAMEWORK_ALIASES = {"tf": "tensorflow", "mx": "mxnet", "ov": "openvino", "ort": "onnxruntime",
-                     "paddlepaddle": "paddle"}
+                     "paddlepaddle": "paddle", "pytorch": "torch", "torchvision": "torch"}
 
 
 class UsageError(Exception):

@@ -26,8 +26,8 @@ from ._proc import Worker, WorkerDied
 from ._report import (FRAMEWORK_ALIASES, UsageError, environment, log, parse_list, render_text,
                       write_json)
 
-FRAMEWORKS = ("paddle", "mxnet", "openvino", "onnxruntime", "tensorflow")
-OPS = ("roi_pool", "roi_align", "psroi_pool", "roi_pool_bilinear")
+FRAMEWORKS = ("paddle", "mxnet", "openvino", "onnxruntime", "tensorflow", "torch")
+OPS = ("roi_pool", "roi_align", "psroi_pool", "roi_pool_bilinear", "ps_roi_align")
 DIRECTIONS = ("forward", "fwd+bwd")
 DTYPES = ("float32", "float64")
 REPEATS = 5
@@ -309,8 +309,9 @@ LARGE_WORKLOADS = ("fastrcnn_vgg16", "c4_14x14")
 
 def output_elements(wl, op, scale=1.0):
     """K * C_out * PH * PW: the pooled output elements of ``op`` on workload ``wl``."""
+    from .cases import POSITION_SENSITIVE
     N, C, H, W, R, P, kind, s = WL.shape(wl, scale)
-    return R * (C // (P * P) if op == "psroi_pool" else C) * P * P
+    return R * (C // (P * P) if op in POSITION_SENSITIVE else C) * P * P
 
 
 def input_elements(wl, scale=1.0):

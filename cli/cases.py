@@ -3,34 +3,40 @@
 A case is a dict of framework-neutral NumPy data:
 
     name, group        "golden" | "random" | "adversarial" | "inputs"
-    op                 "roi_pool" | "psroi_pool" | "roi_align" | "roi_pool_bilinear"
+    op                 "roi_pool" | "psroi_pool" | "roi_align" | "roi_pool_bilinear" |
+                       "ps_roi_align"
     x                  (N, C, H, W) float64 (cast to the dtype under test)
     rois               (K, 5) float64 rows [batch, x1, y1, x2, y2], grouped by batch;
                        image pixels, except roi_pool_bilinear: normalised [0, 1] boxes
     output_size        (PH, PW)
     spatial_scale      float
-    sampling_ratio     int (roi_align)
+    sampling_ratio     int (roi_align, ps_roi_align)
     aligned            bool (roi_align)
     seed               seeds the upstream gradient of the backward pass
     expected           golden cases only: the known forward output
+    conventions        golden cases only, optional: the conventions it holds for (default:
+                       every convention of the operator)
 """
 from __future__ import annotations
 
 import numpy as np
 
-OPS = ("roi_pool", "psroi_pool", "roi_align", "roi_pool_bilinear")
+OPS = ("roi_pool", "psroi_pool", "roi_align", "roi_pool_bilinear", "ps_roi_align")
+# the operators whose input has output_channels * PH * PW channels
+POSITION_SENSITIVE = ("psroi_pool", "ps_roi_align")
 
 # The conventions roicore.core can compute for each operator (roicore.core.conventions).
 CONVENTIONS = {
     "roi_pool": ("mxnet", "paddle", "torchvision", "openvino", "openvino_cpu"),
-    "psroi_pool": ("mxnet", "paddle"),
+    "psroi_pool": ("mxnet", "paddle", "torchvision"),
     "roi_align": ("mxnet", "torchvision", "paddle"),
     "roi_pool_bilinear": ("tensorflow", "openvino", "openvino_cpu"),
+    "ps_roi_align": ("torchvision",),
 }
 
 
 def _case(name, group, op, x, rois, output_size, spatial_scale=1.0, sampling_ratio=-1,
-          aligned=False, seed=0, expected=None):
+          aligned=False, seed=0, expected=None, conventions=None):
     x = np.asarray(x, np.float64)
     rois = np.asarray(rois, np.float64).reshape(-1, 5)
     rois = rois[np.argsort(rois[:, 0], kind="stable")]  # grouped by image (Paddle's boxes_num)
@@ -40,15 +46,20 @@ def _case(name, group, op, x, rois, output_size, spatial_scale=1.0, sampling_rat
              aligned=bool(aligned), seed=int(seed))
     if expected is not None:
         c["expected"] = np.asarray(expected, np.float64)
+    if conventions is not None:
+        c["conventions"] = tuple(conventions)
     return c
 
 
 # ----------------------------------------------------------------------------- golden
 def golden_cases():
-    """Published values (the oracle notes' 8x6 example and the R-FCN / RoIAlign examples)."""
+    """Published values (the oracle notes' 8x6 example and the R-FCN / RoIAlign examples),
+    and hand-worked ones for torchvision's position-sensitive operators."""
     x86 = np.arange(48.0).reshape(1, 1, 8, 6)
     ps = np.arange(288.0).reshape(1, 8, 6, 6)
     rois_a = [[0, 0, 0, 4, 4], [0, .5, 1.5, 3.7, 6.2]]
+    # a map linear in (h, w) per channel: an aligned 2 x 2 bin's one sample at its centre
+    linear = 100 * np.arange(4.0)[:, None, None] + np.arange(16.0).reshape(4, 4)
     return [
         _case("8x6_scale1", "golden", "roi_pool", x86, [[0, 0, 0, 4, 4]], 2, 1.0,
               expected=[[[[14, 16], [26, 28]]]]),
@@ -56,7 +67,14 @@ def golden_cases():
               expected=[[[[7, 9], [19, 21]]]]),
         _case("rfcn_D2_P2", "golden", "psroi_pool", ps, [[0, 0, 0, 3, 3], [0, 1, 1, 5, 4]], 2, 1.0,
               expected=[[[[3.5, 41.5], [87.5, 125.5]], [[147.5, 185.5], [231.5, 269.5]]],
-                        [[[11, 49], [95, 133]], [[155, 193], [239, 277]]]]),
+                        [[[11, 49], [95, 133]], [[155, 193], [239, 277]]]],
+              conventions=("mxnet", "paddle")),
+        _case("torchvision_bins_P2", "golden", "psroi_pool", np.arange(256.0).reshape(1, 4, 8, 8),
+              [[0, 0, 0, 4, 4], [0, 2, 2, 7, 7]], 2, 1.0,
+              expected=[[[[4.5, 70.5], [148.5, 214.5]]], [[[27, 93], [171, 237]]]],
+              conventions=("torchvision",)),
+        _case("linear_map_P2", "golden", "ps_roi_align", linear[None], [[0, .5, .5, 2.5, 2.5]], 2,
+              expected=[[[[2.5, 103.5], [206.5, 307.5]]]]),
         _case("8x6_sr2", "golden", "roi_align", x86, rois_a, 2, 1.0, 2, False,
               expected=[[[[7, 9], [19, 21]]], [[[17.35, 18.95], [31.45, 33.05]]]]),
         _case("8x6_sr2_aligned", "golden", "roi_align", x86, rois_a, 2, 1.0, 2, True,
@@ -86,7 +104,7 @@ def adversarial_cases(op):
         x1 = rng.standard_normal((2, 2, 1, 6))                  # H == 1: (H-1) == 0
         out.append(_case("height_1_map", "adversarial", op, x1, boxes, (3, 3), seed=3))
         return out
-    ps = op == "psroi_pool"
+    ps = op in POSITION_SENSITIVE
     # P=7 with RoI heights 57 and 29: float32/float64 bins floor(p*rh/P) go off by one.
     x = rng.standard_normal((2, 2 * 49 if ps else 3, 64, 64))
     base = []
@@ -112,6 +130,10 @@ def adversarial_cases(op):
                 for sr in (-1, 2):
                     out.append(_case(f"{name}_aligned{int(aligned)}_sr{sr}", "adversarial", op, xx,
                                      b, size, s, sr, aligned, seed=100 + i))
+        elif op == "ps_roi_align":
+            for sr in (-1, 2):
+                out.append(_case(f"{name}_sr{sr}", "adversarial", op, xx, b, size, s, sr,
+                                 seed=100 + i))
         else:
             out.append(_case(name, "adversarial", op, xx, b, size, s, seed=100 + i))
     return out
@@ -137,7 +159,7 @@ def random_cases(op, n, seed):
             out.append(_case(f"random_{i}", "random", op, rng.standard_normal((N, C, H, W)), rois,
                              (PH, PW), seed=seed * 1000 + i))
             continue
-        if op == "psroi_pool":
+        if op in POSITION_SENSITIVE:
             P = int(rng.integers(1, 5))
             PH = PW = P
             C = int(rng.integers(2, 4)) * P * P
@@ -157,6 +179,8 @@ def random_cases(op, n, seed):
         sr, aligned = -1, False
         if op == "roi_align":
             sr, aligned = int(rng.choice([-1, 0, 1, 2, 3])), bool(rng.integers(2))
+        elif op == "ps_roi_align":
+            sr = int(rng.choice([-1, 0, 1, 2, 3]))
         out.append(_case(f"random_{i}", "random", op, rng.standard_normal((N, C, H, W)), rois,
                          (PH, PW), s, sr, aligned, seed=seed * 1000 + i))
     return out
@@ -189,13 +213,13 @@ INPUT_KEYS = """\
   batch_indices   (K,) integer image index of each box
   spatial_scale   float, default 1.0 (feature size / image size)
   output_size     int or (PH, PW), default 7
-  sampling_ratio  int, default -1 (roi_align; -1 or 0 = adaptive)
+  sampling_ratio  int, default -1 (roi_align, ps_roi_align; -1 or 0 = adaptive)
   aligned         bool, default False (roi_align)
   dy              optional upstream gradient for the backward pass, shape of the op's output
                   (default: seeded random)
 Bilinear pooling (OpenVINO / TF crop_and_resize) gets the same boxes normalised to [0, 1]:
-x * spatial_scale / (W - 1), y * spatial_scale / (H - 1).  psroi_pool runs when C is a
-multiple of PH * PW (output channels C / (PH * PW))."""
+x * spatial_scale / (W - 1), y * spatial_scale / (H - 1).  psroi_pool and ps_roi_align run
+when C is a multiple of PH * PW (output channels C / (PH * PW))."""
 
 
 def load_inputs(path, ops):
@@ -238,8 +262,8 @@ def load_inputs(path, ops):
         notes.append("rois reordered by batch index (Paddle's boxes_num needs boxes grouped by image)")
     cases = []
     for op in ops:
-        if op == "psroi_pool" and C % (size[0] * size[1]):
-            notes.append(f"psroi_pool skipped: C={C} is not a multiple of {size[0]}x{size[1]}")
+        if op in POSITION_SENSITIVE and C % (size[0] * size[1]):
+            notes.append(f"{op} skipped: C={C} is not a multiple of {size[0]}x{size[1]}")
             continue
         r = normalised(rois, s, H, W) if op == "roi_pool_bilinear" else rois
         c = _case("inputs", "inputs", op, x, r, size, s if op != "roi_pool_bilinear" else 1.0, sr,

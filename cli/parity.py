@@ -9,7 +9,7 @@ import numpy as np
 
 from . import cases as K
 from ._proc import Worker, WorkerDied
-from .frameworks import NAMES, harness_class
+from .frameworks import NAMES, harness_class, output_channels
 from ._report import (FRAMEWORK_ALIASES, UsageError, environment, fmt_diff, log, parse_list,
                       table, write_json)
 
@@ -119,8 +119,7 @@ def _core_run(c, dt, conv):
     rois = c["rois"].astype(dt)
     size, s = c["output_size"], c["spatial_scale"]
     dy = np.random.default_rng(c["seed"]).standard_normal(
-        (rois.shape[0],) + ((x.shape[1] // (size[0] * size[1]),) if c["op"] == "psroi_pool"
-                            else (x.shape[1],)) + tuple(size)).astype(dt)
+        (rois.shape[0], output_channels(c)) + tuple(size)).astype(dt)
     if c["op"] == "roi_pool":
         y, am = rc.roi_pool(x, rois, size, s, convention=conv, return_argmax=True)
         return y, rc.roi_pool_backward(dy, rois, x.shape, s, convention=conv, argmax=am)
@@ -131,6 +130,9 @@ def _core_run(c, dt, conv):
         y = rc.psroi_pool(x, rois, size, s, convention=conv)
         return y, rc.psroi_pool_backward(dy, rois, x.shape, s, convention=conv)
     sr, al = c["sampling_ratio"], c["aligned"]
+    if c["op"] == "ps_roi_align":
+        y = rc.ps_roi_align(x, rois, size, s, sr, convention=conv)
+        return y, rc.ps_roi_align_backward(dy, rois, x.shape, s, sr, convention=conv)
     y = rc.roi_align(x, rois, size, s, sr, al, convention=conv)
     return y, rc.roi_align_backward(dy, rois, x.shape, s, sr, al, convention=conv)
 
@@ -178,7 +180,7 @@ def golden_check(cases, dtypes):
     for c in cases:
         if "expected" not in c:
             continue
-        for conv in K.CONVENTIONS[c["op"]]:
+        for conv in c.get("conventions", K.CONVENTIONS[c["op"]]):
             for dt in dtypes:
                 y, _ = _core_run(c, dt, conv)
                 ok = y.shape == c["expected"].shape and np.allclose(y, c["expected"], atol=1e-4)

@@ -14,7 +14,8 @@ WORKLOADS = {
 }
 
 # The operators timed on each kind of workload.
-OPS_FOR = {"roi": ("roi_pool", "roi_align", "roi_pool_bilinear"), "ps": ("psroi_pool",)}
+OPS_FOR = {"roi": ("roi_pool", "roi_align", "roi_pool_bilinear"),
+           "ps": ("psroi_pool", "ps_roi_align")}
 
 
 def shape(name, scale=1.0):
@@ -46,7 +47,8 @@ def make(name, seed=0, scale=1.0):
     return x, boxes, batch, P, s, op
 
 
-# roi_align's arguments on every workload: two samples per bin side, half-pixel aligned.
+# roi_align's arguments on every workload: two samples per bin side, half-pixel aligned
+# (ps_roi_align takes the sampling ratio; it is always aligned).
 ALIGN_ARGS = dict(sampling_ratio=2, aligned=True)
 
 
@@ -56,7 +58,7 @@ def cases(name, ops, seed=0, scale=1.0):
     it takes them), and an upstream gradient of the output's shape (one array for all the
     operators whose outputs have the same shape).
     """
-    from .cases import normalised
+    from .cases import POSITION_SENSITIVE, normalised
     x, boxes, batch, P, s, _ = make(name, seed=seed, scale=scale)
     rois = np.hstack([batch[:, None], boxes]).astype(np.float64)
     out, gradients = {}, {}
@@ -65,7 +67,8 @@ def cases(name, ops, seed=0, scale=1.0):
                     spatial_scale=s, seed=seed, **ALIGN_ARGS)
         if op == "roi_pool_bilinear":
             case.update(rois=normalised(rois, s, *x.shape[2:]), spatial_scale=1.0)
-        shape = (len(rois), x.shape[1] // (P * P) if op == "psroi_pool" else x.shape[1], P, P)
+        shape = (len(rois), x.shape[1] // (P * P) if op in POSITION_SENSITIVE else x.shape[1], P,
+                 P)
         if shape not in gradients:
             gradients[shape] = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
         out[op] = (case, gradients[shape])

@@ -21,7 +21,7 @@ import numpy as np
 F32, F64 = "float32", "float64"
 
 # The frameworks with a harness (each a module of this package).
-NAMES = ("paddle", "mxnet", "tensorflow", "openvino", "onnxruntime")
+NAMES = ("paddle", "mxnet", "tensorflow", "openvino", "onnxruntime", "torch")
 
 
 def harness_class(name):
@@ -121,7 +121,7 @@ class Harness:
     def core_rules(self):
         """The conventions the adapter gives roicore.core (name or rules object) for each of
         "roi_pool", "roi_pool/saving" (forward keeping the argmax), "roi_pool/backward",
-        "roi_align" and "psroi_pool"."""
+        "roi_align", "psroi_pool" and, where the adapter has it, "ps_roi_align"."""
         raise Unsupported(f"{self.name} has no adapter")
 
 
@@ -149,10 +149,12 @@ def boxes_per_image(case):
 
 
 def output_channels(case):
-    """Channels of the operator's output: C, or C / (PH * PW) for psroi_pool."""
+    """Channels of the operator's output: C, or C / (PH * PW) for the position-sensitive
+    operators."""
+    from ..cases import POSITION_SENSITIVE
     PH, PW = case["output_size"]
     C = case["x"].shape[1]
-    return C // (PH * PW) if case["op"] == "psroi_pool" else C
+    return C // (PH * PW) if case["op"] in POSITION_SENSITIVE else C
 
 
 def keep_boxes(case, keep, why):

@@ -15,12 +15,14 @@ NATIVES = {"paddle": {"roi_pool", "roi_align", "psroi_pool"},
            "mxnet": {"roi_pool", "roi_align", "psroi_pool"},
            "openvino": {"roi_pool", "roi_align", "psroi_pool", "roi_pool_bilinear"},
            "onnxruntime": {"roi_pool", "roi_align"},
-           "tensorflow": {"roi_pool", "roi_pool_bilinear"}}
+           "tensorflow": {"roi_pool", "roi_pool_bilinear"},
+           "torch": {"roi_pool", "roi_align", "psroi_pool", "ps_roi_align"}}
 ADAPTERS = {"paddle": {"roi_pool", "roi_align", "psroi_pool"},
             "mxnet": {"roi_pool", "roi_align", "psroi_pool"},
-            "tensorflow": {"roi_pool", "roi_align", "psroi_pool", "roi_pool_bilinear"}}
+            "tensorflow": {"roi_pool", "roi_align", "psroi_pool", "roi_pool_bilinear"},
+            "torch": {"roi_pool", "roi_align", "psroi_pool", "ps_roi_align"}}
 QUICK_WORKLOADS = {"train_b2": ("roi_pool", "roi_align", "roi_pool_bilinear"),
-                   "rfcn_psroi": ("psroi_pool",)}
+                   "rfcn_psroi": ("psroi_pool", "ps_roi_align")}
 
 
 @pytest.fixture(scope="module")

@@ -146,7 +146,7 @@ SAME_NUMBERS = """if 1:
         raise SystemExit(0)
     cases = dict(workloads.cases("train_b2", ["roi_pool", "roi_align", "roi_pool_bilinear"],
                                  scale=0.03))
-    cases.update(workloads.cases("rfcn_psroi", ["psroi_pool"], scale=0.03))
+    cases.update(workloads.cases("rfcn_psroi", ["psroi_pool", "ps_roi_align"], scale=0.03))
     checked = []
     for op, (case, dy) in cases.items():
         for dtype in h.parity_claims.get(op, ()):
@@ -169,7 +169,7 @@ SAME_NUMBERS = """if 1:
 """
 
 
-@pytest.mark.parametrize("framework", ["paddle", "mxnet", "tensorflow", "openvino"])
+@pytest.mark.parametrize("framework", ["paddle", "mxnet", "tensorflow", "openvino", "torch"])
 def test_bench_contenders_compute_the_same_numbers(framework):
     import json
     import os

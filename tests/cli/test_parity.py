@@ -30,7 +30,9 @@ def test_parity_short_run(parity_run):
               "mxnet": {(op, dt) for op in ("roi_pool", "psroi_pool", "roi_align")
                         for dt in ("float32", "float64")},
               "tensorflow": {("roi_pool_bilinear", "float32")},
-              "openvino": {("roi_pool", "float32"), ("roi_pool_bilinear", "float32")}}
+              "openvino": {("roi_pool", "float32"), ("roi_pool_bilinear", "float32")},
+              "torch": {(op, dt) for op in ("roi_pool", "psroi_pool", "roi_align", "ps_roi_align")
+                        for dt in ("float32", "float64")}}
     for fw in ran:
         rows = {(r["operator"], r["dtype"]): r for r in report["results"] if r["framework"] == fw}
         assert set(rows) == claims[fw], fw
@@ -48,8 +50,13 @@ def test_parity_short_run(parity_run):
     assert conv[("roi_align", "float32", "mxnet", "paddle")]["mismatches"] > 0
     assert conv[("roi_align", "float64", "mxnet", "torchvision")]["mismatches"] > 0
     assert conv[("psroi_pool", "float64", "mxnet", "paddle")]["mismatches"] == 0
+    assert conv[("psroi_pool", "float32", "paddle", "torchvision")]["mismatches"] > 0   # bins
     assert report["golden"] and all(g["ok"] for g in report["golden"])
-    assert report["suite"]["random"] == 2 * 4
+    golden = {(g["case"], g["convention"]) for g in report["golden"]}
+    assert ("torchvision_bins_P2", "torchvision") in golden
+    assert ("rfcn_D2_P2", "torchvision") not in golden   # R-FCN's numbers, not torchvision's
+    assert ("linear_map_P2", "torchvision") in golden
+    assert report["suite"]["random"] == 2 * 5
 
 
 def test_parity_inputs_file(tmp_path):
@@ -62,7 +69,7 @@ def test_parity_inputs_file(tmp_path):
              spatial_scale=1 / 16, output_size=3, sampling_ratio=2, aligned=True)
     out = tmp_path / "r.json"
     proc = roicore("parity", "--inputs", str(f), "--json", str(out), "--frameworks",
-                   "paddle,mxnet,tensorflow,openvino")
+                   "paddle,mxnet,tensorflow,openvino,torch")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["inputs"]["x_shape"] == [2, 18, 20, 24] and report["inputs"]["boxes"] == 6

@@ -8,7 +8,7 @@ from cli_run import flat, report_of, roicore
 SWEEP_KEYS = {(wl, op, d)
               for wl, wl_ops in (("fastrcnn_vgg16", ("roi_pool", "roi_align", "roi_pool_bilinear")),
                                  ("train_b2", ("roi_pool", "roi_align", "roi_pool_bilinear")),
-                                 ("rfcn_psroi", ("psroi_pool",)),
+                                 ("rfcn_psroi", ("psroi_pool", "ps_roi_align")),
                                  ("c4_14x14", ("roi_pool", "roi_align", "roi_pool_bilinear")))
               for op in wl_ops for d in ("forward", "fwd+bwd")}
 
@@ -21,7 +21,8 @@ def sweep_run(tmp_path, *args):
 
 def pooled_elements(shape, op):
     P = shape["P"]
-    return shape["R"] * (shape["C"] // (P * P) if op == "psroi_pool" else shape["C"]) * P * P
+    return (shape["R"] * (shape["C"] // (P * P) if op in ("psroi_pool", "ps_roi_align")
+                          else shape["C"]) * P * P)
 
 
 @pytest.fixture(scope="module")
