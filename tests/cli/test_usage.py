@@ -42,7 +42,7 @@ BAD_BENCH = [
     (["--threads", "two"], "--threads takes a count"),
     (["--threads", "1,100000"], "--threads must be at most 1024"),
     (["--scale", "2"], "--scale must be in (0, 1]"),
-    (["--frameworks", "torch"], "unknown framework 'torch'"),
+    (["--frameworks", "jax"], "unknown framework 'jax'"),
     (["--ops", "roi_warp"], "unknown operator 'roi_warp'"),
     (["--dtypes", "float16"], "unknown dtype 'float16'"),
     (["--conventions", "caffe"], "unknown convention 'caffe'"),
@@ -88,7 +88,7 @@ def test_bench_unusable_baselines_exit_2(tmp_path):
 
 def test_parity_usage_errors_exit_2(tmp_path):
     for args, message in ((["--frameworks", "caffe"], "unknown framework 'caffe'"),
-                          (["--frameworks", "torch"], "unknown framework 'torch'"),
+                          (["--frameworks", "jax"], "unknown framework 'jax'"),
                           (["--cases", "-1"], "--cases must be >= 0"),
                           (["--dtypes", "int8"], "unknown dtype 'int8'")):
         proc = roicore("parity", *args)
