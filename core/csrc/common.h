@@ -66,12 +66,36 @@ static inline int64_t roicore_round_up(int64_t n, int64_t m) { return (n + m - 1
 static inline size_t roicore_dtype_size(roicore_dtype d) { return d == ROICORE_FLOAT32 ? 4 : 8; }
 static inline size_t roicore_index_size(roicore_index_type t) { return t == ROICORE_INT32 ? 4 : 8; }
 
-/* Zero channel c of every image of NCHW tensor t: the start of a backward task that owns
- * the channel's gradient planes. */
+/* Element strides of a tensor in its layout: element (n, c, h, w) is at
+ * n*s.n + c*s.c + h*s.h + w*s.w. */
+typedef struct {
+    int64_t n, c, h, w;
+} roicore_strides;
+
+static inline roicore_strides roicore_strides_of(const roicore_tensor *t) {
+    roicore_strides s;
+    s.n = t->c * t->h * t->w;
+    if (t->layout == ROICORE_NHWC) {
+        s.c = 1, s.h = t->w * t->c, s.w = t->c;
+    } else {
+        s.c = t->h * t->w, s.h = t->w, s.w = 1;
+    }
+    return s;
+}
+
+/* Zero channel c of every image of tensor t: the start of a backward task that owns the
+ * channel's gradient planes. */
 static inline void roicore_zero_channel(const roicore_tensor *t, int64_t c) {
-    const size_t plane = (size_t)(t->h * t->w) * roicore_dtype_size(t->dtype);
-    for (int64_t n = 0; n < t->n; ++n)
-        memset((char *)t->data + (size_t)(n * t->c + c) * plane, 0, plane);
+    const size_t size = roicore_dtype_size(t->dtype), plane = (size_t)(t->h * t->w);
+    for (int64_t n = 0; n < t->n; ++n) {
+        char *base = (char *)t->data + (size_t)(n * t->c) * plane * size;
+        if (t->layout == ROICORE_NCHW) {
+            memset(base + (size_t)c * plane * size, 0, plane * size);
+        } else {
+            for (size_t p = 0; p < plane; ++p)
+                memset(base + (p * (size_t)t->c + (size_t)c) * size, 0, size);
+        }
+    }
 }
 
 /* ------------------------------------------------------------------------ errors */

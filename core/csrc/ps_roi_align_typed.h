@@ -91,21 +91,23 @@ static SAMPLES TYPED(ps_align_piece)(const TYPED(ps_align_plan) *p, int column) 
     return TYPED(carve)(column ? mine + TYPED(samples_bytes)(p->max_grid) : mine, p->max_grid);
 }
 
-/* The mean of a bin's samples of one plane: ((w1*a + w2*b) + w3*c) + w4*d per sample,
- * summed from 0 in (iy, ix) order, divided by count. */
-static T TYPED(ps_align_mean)(const T *plane, int64_t W, SAMPLES y, int64_t gy, SAMPLES x,
-                              int64_t gx, T count) {
+/* The mean of a bin's samples of one plane (rows sh, columns sw elements apart):
+ * ((w1*a + w2*b) + w3*c) + w4*d per sample, summed from 0 in (iy, ix) order, divided by
+ * count. */
+static T TYPED(ps_align_mean)(const T *plane, int64_t sh, int64_t sw, SAMPLES y, int64_t gy,
+                              SAMPLES x, int64_t gx, T count) {
     T sum = 0;
     for (int64_t iy = 0; iy < gy; ++iy) {
-        const T *lo = plane + y.lo[iy] * W, *hi = plane + y.hi[iy] * W;
+        const T *lo = plane + y.lo[iy] * sh, *hi = plane + y.hi[iy] * sh;
         for (int64_t ix = 0; ix < gx; ++ix) {
             if (y.lo[iy] < 0 || x.lo[ix] < 0) {
                 sum += (T)0;  /* not skipped: it turns a sum of -0 into +0, as in torchvision */
                 continue;
             }
+            const int64_t a = x.lo[ix] * sw, b = x.hi[ix] * sw;
             const T w1 = y.lw[iy] * x.lw[ix], w2 = y.lw[iy] * x.hw[ix];
             const T w3 = y.hw[iy] * x.lw[ix], w4 = y.hw[iy] * x.hw[ix];
-            sum += w1 * lo[x.lo[ix]] + w2 * lo[x.hi[ix]] + w3 * hi[x.lo[ix]] + w4 * hi[x.hi[ix]];
+            sum += w1 * lo[a] + w2 * lo[b] + w3 * hi[a] + w4 * hi[b];
         }
     }
     return sum / count;
@@ -114,8 +116,8 @@ static T TYPED(ps_align_mean)(const T *plane, int64_t W, SAMPLES y, int64_t gy, 
 static int TYPED(ps_align_forward)(const roicore_tensor *x, const roicore_boxes *boxes,
                                    double scale, int64_t sampling_ratio, const roicore_tensor *out,
                                    roicore_run *run, roicore_error *err) {
-    const int64_t K = boxes->k, C = x->c, H = x->h, W = x->w;
-    const int64_t D = out->c, PH = out->h, PW = out->w;
+    const int64_t K = boxes->k, H = x->h, W = x->w, PH = out->h, PW = out->w;
+    const roicore_strides sx = roicore_strides_of(x), so = roicore_strides_of(out);
     TYPED(ps_align_plan) p;
     int rc = TYPED(ps_align_plan_make)(&p, boxes, scale, sampling_ratio, PH, PW, run->n_threads,
                                        err);
@@ -127,7 +129,7 @@ static int TYPED(ps_align_forward)(const roicore_tensor *x, const roicore_boxes 
         if (roicore_stopping(run)) continue;
         const int64_t k = task / PH, ph = task % PH, b = boxes->batch[k];
         const PS_BOX *g = &p.geo[k];
-        T *o = od + k * D * PH * PW + ph * PW;  /* (k, d, ph, pw) is o[d*PH*PW + pw] */
+        T *o = od + k * so.n + ph * so.h;  /* (k, d, ph, pw) is o[d*so.c + pw*so.w] */
         const int none = g->ygrid <= 0 || g->xgrid <= 0;
         const int64_t gy = none ? 0 : g->ygrid, gx = none ? 0 : g->xgrid;
         const T count = (T)(g->ygrid * g->xgrid);
@@ -135,13 +137,14 @@ static int TYPED(ps_align_forward)(const roicore_tensor *x, const roicore_boxes 
         TYPED(bin_samples)(g->ystart, g->ybin, gy, ph, H, ROICORE_SAMPLER_CAFFE2, ys);
         for (int64_t pw = 0; pw < PW; ++pw) {
             TYPED(bin_samples)(g->xstart, g->xbin, gx, pw, W, ROICORE_SAMPLER_CAFFE2, xs);
-            for (int64_t d = 0; d < D; ++d) {
+            for (int64_t d = 0; d < out->c; ++d) {
+                T *cell = o + d * so.c + pw * so.w;
                 if (b < 0) {  /* a masked box */
-                    o[d * PH * PW + pw] = 0;
+                    *cell = 0;
                     continue;
                 }
-                const T *plane = xd + (b * C + (d * PH + ph) * PW + pw) * H * W;
-                o[d * PH * PW + pw] = TYPED(ps_align_mean)(plane, W, ys, gy, xs, gx, count);
+                const T *plane = xd + b * sx.n + ((d * PH + ph) * PW + pw) * sx.c;
+                *cell = TYPED(ps_align_mean)(plane, sx.h, sx.w, ys, gy, xs, gx, count);
             }
         }
     }
@@ -153,8 +156,8 @@ static int TYPED(ps_align_backward)(const roicore_tensor *g_out, const roicore_b
                                     double scale, int64_t sampling_ratio,
                                     const roicore_tensor *dx, roicore_run *run,
                                     roicore_error *err) {
-    const int64_t K = boxes->k, C = dx->c, H = dx->h, W = dx->w, HW = H * W;
-    const int64_t PH = g_out->h, PW = g_out->w;
+    const int64_t K = boxes->k, C = dx->c, H = dx->h, W = dx->w, PH = g_out->h, PW = g_out->w;
+    const roicore_strides sg = roicore_strides_of(g_out), sd = roicore_strides_of(dx);
     TYPED(ps_align_plan) p;
     int rc = TYPED(ps_align_plan_make)(&p, boxes, scale, sampling_ratio, PH, PW, run->n_threads,
                                        err);
@@ -165,28 +168,29 @@ static int TYPED(ps_align_backward)(const roicore_tensor *g_out, const roicore_b
     for (int64_t c = 0; c < C; ++c) {
         if (roicore_stopping(run)) continue;
         roicore_zero_channel(dx, c);
-        const int64_t ph = c / PW % PH, pw = c % PW;
+        const int64_t d = c / (PH * PW), ph = c / PW % PH, pw = c % PW;
         SAMPLES ys = TYPED(ps_align_piece)(&p, 0), xs = TYPED(ps_align_piece)(&p, 1);
         for (int64_t k = 0; k < K; ++k) {
             const PS_BOX *g = &p.geo[k];
             const int64_t b = boxes->batch[k], gy = g->ygrid, gx = g->xgrid;
             if (b < 0 || gy <= 0 || gx <= 0) continue;
             const T count = (T)(gy * gx);
-            const T gv = gd[k * C + c];  /* (k, d, ph, pw): c = (d*PH + ph)*PW + pw */
+            const T gv = gd[k * sg.n + d * sg.c + ph * sg.h + pw * sg.w];
             TYPED(bin_samples)(g->ystart, g->ybin, gy, ph, H, ROICORE_SAMPLER_CAFFE2, ys);
             TYPED(bin_samples)(g->xstart, g->xbin, gx, pw, W, ROICORE_SAMPLER_CAFFE2, xs);
-            T *plane = dxd + (b * C + c) * HW;
+            T *plane = dxd + b * sd.n + c * sd.c;
             for (int64_t iy = 0; iy < gy; ++iy) {
                 if (ys.lo[iy] < 0) continue;
-                T *lo = plane + ys.lo[iy] * W, *hi = plane + ys.hi[iy] * W;
+                T *lo = plane + ys.lo[iy] * sd.h, *hi = plane + ys.hi[iy] * sd.h;
                 for (int64_t ix = 0; ix < gx; ++ix) {
                     if (xs.lo[ix] < 0) continue;
+                    const int64_t a = xs.lo[ix] * sd.w, e = xs.hi[ix] * sd.w;
                     const T w1 = ys.lw[iy] * xs.lw[ix], w2 = ys.lw[iy] * xs.hw[ix];
                     const T w3 = ys.hw[iy] * xs.lw[ix], w4 = ys.hw[iy] * xs.hw[ix];
-                    lo[xs.lo[ix]] += gv * w1 / count;
-                    lo[xs.hi[ix]] += gv * w2 / count;
-                    hi[xs.lo[ix]] += gv * w3 / count;
-                    hi[xs.hi[ix]] += gv * w4 / count;
+                    lo[a] += gv * w1 / count;
+                    lo[e] += gv * w2 / count;
+                    hi[a] += gv * w3 / count;
+                    hi[e] += gv * w4 / count;
                 }
             }
         }

@@ -51,8 +51,8 @@ static void TYPED(tv_bin)(int64_t p, T bin, int64_t start, int64_t last, int64_t
 
 static int TYPED(tv_forward)(const roicore_tensor *x, const roicore_boxes *boxes, double scale,
                              const roicore_tensor *out, roicore_run *run, roicore_error *err) {
-    const int64_t K = boxes->k, C = x->c, H = x->h, W = x->w;
-    const int64_t D = out->c, PH = out->h, PW = out->w;
+    const int64_t K = boxes->k, H = x->h, W = x->w, D = out->c, PH = out->h, PW = out->w;
+    const roicore_strides sx = roicore_strides_of(x), so = roicore_strides_of(out);
     TV_BOX *geo = TYPED(tv_boxes)(boxes, scale, PH, PW, 0, err);
     if (!geo) return err ? err->code : ROICORE_ERR_MEMORY;
     const T *xd = (const T *)x->data;
@@ -62,22 +62,23 @@ static int TYPED(tv_forward)(const roicore_tensor *x, const roicore_boxes *boxes
         if (roicore_stopping(run)) continue;
         const int64_t k = task / D, d = task % D, b = boxes->batch[k];
         const TV_BOX *g = &geo[k];
-        T *o = od + task * PH * PW;
+        T *o = od + k * so.n + d * so.c;  /* (k, d, ph, pw) is o[ph*so.h + pw*so.w] */
         for (int64_t ph = 0; ph < PH; ++ph) {
             int64_t h0, h1;
             TYPED(tv_bin)(ph, g->ybin, g->ystart, H - 1, &h0, &h1);
             for (int64_t pw = 0; pw < PW; ++pw) {
                 int64_t w0, w1;
                 TYPED(tv_bin)(pw, g->xbin, g->xstart, W - 1, &w0, &w1);
+                T *cell = o + ph * so.h + pw * so.w;
                 if (b < 0 || h1 <= h0 || w1 <= w0) {  /* a masked box, or an empty bin */
-                    o[ph * PW + pw] = 0;
+                    *cell = 0;
                     continue;
                 }
-                const T *plane = xd + (b * C + (d * PH + ph) * PW + pw) * H * W;
+                const T *plane = xd + b * sx.n + ((d * PH + ph) * PW + pw) * sx.c;
                 T sum = 0;
                 for (int64_t h = h0; h < h1; ++h)
-                    for (int64_t w = w0; w < w1; ++w) sum += plane[h * W + w];
-                o[ph * PW + pw] = sum / (T)((h1 - h0) * (w1 - w0));
+                    for (int64_t w = w0; w < w1; ++w) sum += plane[h * sx.h + w * sx.w];
+                *cell = sum / (T)((h1 - h0) * (w1 - w0));
             }
         }
     }
@@ -88,8 +89,8 @@ static int TYPED(tv_forward)(const roicore_tensor *x, const roicore_boxes *boxes
 static int TYPED(tv_backward)(const roicore_tensor *g_out, const roicore_boxes *boxes,
                               double scale, const roicore_tensor *dx, roicore_run *run,
                               roicore_error *err) {
-    const int64_t K = boxes->k, C = dx->c, H = dx->h, W = dx->w, HW = H * W;
-    const int64_t PH = g_out->h, PW = g_out->w;
+    const int64_t K = boxes->k, C = dx->c, H = dx->h, W = dx->w, PH = g_out->h, PW = g_out->w;
+    const roicore_strides sg = roicore_strides_of(g_out), sd = roicore_strides_of(dx);
     TV_BOX *geo = TYPED(tv_boxes)(boxes, scale, PH, PW, 1, err);
     if (!geo) return err ? err->code : ROICORE_ERR_MEMORY;
     const T *gd = (const T *)g_out->data;
@@ -98,7 +99,7 @@ static int TYPED(tv_backward)(const roicore_tensor *g_out, const roicore_boxes *
     for (int64_t c = 0; c < C; ++c) {
         if (roicore_stopping(run)) continue;
         roicore_zero_channel(dx, c);
-        const int64_t ph = c / PW % PH, pw = c % PW;
+        const int64_t d = c / (PH * PW), ph = c / PW % PH, pw = c % PW;
         for (int64_t k = 0; k < K; ++k) {
             const TV_BOX *g = &geo[k];
             const int64_t b = boxes->batch[k];
@@ -106,11 +107,11 @@ static int TYPED(tv_backward)(const roicore_tensor *g_out, const roicore_boxes *
             TYPED(tv_bin)(ph, g->ybin, g->ystart, H, &h0, &h1);
             TYPED(tv_bin)(pw, g->xbin, g->xstart, W, &w0, &w1);
             if (b < 0 || h1 <= h0 || w1 <= w0) continue;
-            /* (k, d, ph, pw) with c = (d*PH + ph)*PW + pw */
-            const T diff = gd[k * C + c] / (T)((h1 - h0) * (w1 - w0));
-            T *plane = dxd + (b * C + c) * HW;
+            const T gv = gd[k * sg.n + d * sg.c + ph * sg.h + pw * sg.w];
+            const T diff = gv / (T)((h1 - h0) * (w1 - w0));
+            T *plane = dxd + b * sd.n + c * sd.c;
             for (int64_t h = h0; h < h1; ++h)
-                for (int64_t w = w0; w < w1; ++w) plane[h * W + w] += diff;
+                for (int64_t w = w0; w < w1; ++w) plane[h * sd.h + w * sd.w] += diff;
         }
     }
     roicore_scratch_free(geo);

@@ -98,7 +98,11 @@ static const roicore_max_pool_rules *ALL_MAX[] = {&MXNET_MAX, &PADDLE_MAX, &TORC
 static const char *ALL_MAX_NAMES[] = {"mxnet", "paddle", "torchvision", "openvino", "openvino_cpu"};
 static const roicore_bilinear_pool_rules OPENVINO_BILINEAR = {1, 0};
 static const roicore_bilinear_pool_rules TF_BILINEAR = {0, 0};
-static const roicore_psroi_pool_rules MXNET_PSROI = {ROICORE_PRECISION_FLOAT32};
+static const roicore_psroi_pool_rules MXNET_PSROI = {ROICORE_PRECISION_FLOAT32,
+                                                     ROICORE_PSROI_FORMULA_RFCN};
+static const roicore_psroi_pool_rules TORCHVISION_PSROI = {ROICORE_PRECISION_INPUT,
+                                                           ROICORE_PSROI_FORMULA_TORCHVISION};
+static const roicore_ps_roi_align_rules TORCHVISION_PS_ALIGN = {ROICORE_PRECISION_INPUT};
 static const roicore_roi_align_rules MXNET_ALIGN = {ROICORE_SAMPLER_CAFFE2, ROICORE_PRECISION_FLOAT32,
                                                     ROICORE_EMPTY_GRID_ZERO, 0};
 static const roicore_roi_align_rules PADDLE_ALIGN = {ROICORE_SAMPLER_PADDLE, ROICORE_PRECISION_FLOAT32,
@@ -303,6 +307,37 @@ static void mxnet_psroi(void) {
     }
 }
 
+/* torchvision's position-sensitive operators, hand-worked: ps_roi_pool on arange(256) as
+ * 4 x 8 x 8 (integer bins, no +1, clamped to row and column 7); ps_roi_align on channels
+ * 100*c + 4*h + w, one sample at the centre of each aligned bin. */
+static void torchvision_ps(void) {
+    static const double boxes[] = {0, 0, 4, 4, 2, 2, 7, 7}, align_box[] = {0.5, 0.5, 2.5, 2.5};
+    static const double want[] = {4.5, 70.5, 148.5, 214.5, 27, 93, 171, 237};
+    static const double want_align[] = {2.5, 103.5, 206.5, 307.5};
+    const int64_t batch[] = {0, 0};
+    for (int d = 0; d < 2; ++d) {
+        array x = arange(DTYPES[d], 256, 0, 1), c = coords_of(DTYPES[d], boxes, 2);
+        array out = new_array(DTYPES[d], 8);
+        roicore_tensor tx = tensor(x, 1, 4, 8, 8), to = tensor(out, 2, 1, 2, 2);
+        roicore_boxes b = boxes_of(c, batch, 2);
+        roicore_error err;
+        CHECK(roicore_psroi_pool_forward(&TORCHVISION_PSROI, &tx, &b, 1.0, 2, 2, &to, &one_thread,
+                                         &err) == ROICORE_OK, "%s", err.message);
+        double got[8];
+        to_doubles(out, got);
+        check_values("torchvision psroi", got, want, 8, 0);
+        array lin = new_array(DTYPES[d], 64), ca = coords_of(DTYPES[d], align_box, 1);
+        for (int i = 0; i < 64; ++i) set(lin, i, 100 * (i / 16) + i % 16);
+        roicore_tensor tl = tensor(lin, 1, 4, 4, 4), ta = tensor(out, 1, 1, 2, 2);
+        roicore_boxes ba = boxes_of(ca, batch, 1);
+        CHECK(roicore_ps_roi_align_forward(&TORCHVISION_PS_ALIGN, &tl, &ba, 1.0, -1, &ta,
+                                           &one_thread, &err) == ROICORE_OK, "%s", err.message);
+        to_doubles(out, got);
+        check_values("ps_roi_align", got, want_align, 4, 0);
+        free(x.data); free(c.data); free(out.data); free(lin.data); free(ca.data);
+    }
+}
+
 /* MXNet ROIAlign (sample_ratio 2) on arange(48) as 8 x 6, plain and aligned; Paddle's
  * roi_align test vector (aligned, adaptive) on 1..16 as 4 x 4. */
 static void roi_align_vectors(void) {
@@ -372,8 +407,10 @@ static void thread_invariance(void) {
         const char *what[] = {"max forward", "max backward", "bilinear forward",
                               "bilinear backward", "align forward", "align backward",
                               "psroi forward", "psroi backward", "nearest forward",
-                              "nearest backward", "box gradient"};
-        for (int op = 0; op < 11; ++op) {
+                              "nearest backward", "box gradient", "torchvision psroi forward",
+                              "torchvision psroi backward", "ps_roi_align forward",
+                              "ps_roi_align backward"};
+        for (int op = 0; op < 15; ++op) {
             for (int t = 0; t < 2; ++t) {
                 const roicore_exec *ex = t ? &three_threads : &one_thread;
                 out[t] = new_array(dt, K * C * P * P);
@@ -382,6 +419,8 @@ static void thread_invariance(void) {
                 roicore_tensor to = tensor(out[t], K, C, P, P), tdx = tensor(dx[t], N, C, H, W);
                 roicore_tensor tps = tensor(out[t], K, C / 2, 1, 1);  /* D = 35, group 1 x 2 */
                 roicore_tensor tgps = tensor(g, K, C / 2, 1, 1);
+                roicore_tensor ttv = tensor(out[t], K, C / 2, 1, 2);  /* D = 35, pooled 1 x 2 */
+                roicore_tensor tgtv = tensor(g, K, C / 2, 1, 2);
                 roicore_error err;
                 int rc = ROICORE_OK;
                 switch (op) {
@@ -401,10 +440,15 @@ static void thread_invariance(void) {
                 case 8: rc = roicore_roi_pool_nearest_forward(&TF_BILINEAR, &tx, &nb, 0.5, &to, ex, &err); break;
                 case 9: rc = roicore_roi_pool_nearest_backward(&TF_BILINEAR, &tg, &nb, &tdx, ex, &err); break;
                 case 10: rc = roicore_roi_pool_bilinear_boxes_backward(&TF_BILINEAR, &tg, &tx, &nb, out[t].data, ex, &err); break;
+                case 11: rc = roicore_psroi_pool_forward(&TORCHVISION_PSROI, &tx, &b, 0.9, 1, 2, &ttv, ex, &err); break;
+                case 12: rc = roicore_psroi_pool_backward(&TORCHVISION_PSROI, &tgtv, &b, 0.9, 1, 2, &tdx, ex, &err); break;
+                case 13: rc = roicore_ps_roi_align_forward(&TORCHVISION_PS_ALIGN, &tx, &b, 0.9, -1, &ttv, ex, &err); break;
+                case 14: rc = roicore_ps_roi_align_backward(&TORCHVISION_PS_ALIGN, &tgtv, &b, 0.9, 2, &tdx, ex, &err); break;
                 }
                 CHECK(rc == ROICORE_OK, "%s: %s", what[op], err.message);
             }
-            int backward = op % 2 == 1 && op != 10;  /* the box gradient writes into out */
+            /* (the box gradient writes into out) */
+            int backward = strstr(what[op], "backward") != NULL;
             size_t bytes = (size_t)(backward ? dx[0].n : out[0].n) * (dt == ROICORE_FLOAT32 ? 4 : 8);
             CHECK(memcmp(backward ? dx[0].data : out[0].data, backward ? dx[1].data : out[1].data,
                          bytes) == 0, "%s %s differs between 1 and 3 threads", what[op],
@@ -450,6 +494,7 @@ static void nhwc_layouts(void) {
             }
         }
         array xh = to_nhwc(x, N, C, H, W), gh = to_nhwc(g, K, C, P, P);
+        array gtvh = to_nhwc(g, K, C / 2, 1, 2);  /* torchvision's PS operators: pooled 1 x 2 */
         roicore_tensor tx = tensor(x, N, C, H, W), tg = tensor(g, K, C, P, P);
         roicore_tensor txh = {xh.data, dt, ROICORE_NHWC, N, C, H, W};
         roicore_tensor tgh = {gh.data, dt, ROICORE_NHWC, K, C, P, P};
@@ -457,10 +502,13 @@ static void nhwc_layouts(void) {
         tgpsh.layout = ROICORE_NHWC;  /* (K, 1, 1, D): the same memory in either layout */
         roicore_boxes b = boxes_of(c, batch, K), nb = boxes_of(nc, batch, K);
         const char *what[] = {"max forward", "max backward", "bilinear forward", "bilinear backward",
-                              "align forward", "align backward", "psroi forward", "psroi backward"};
-        for (int op = 0; op < 8; ++op) {
+                              "align forward", "align backward", "psroi forward", "psroi backward",
+                              "torchvision psroi forward", "torchvision psroi backward",
+                              "ps_roi_align forward", "ps_roi_align backward"};
+        for (int op = 0; op < 12; ++op) {
             const int backward = op % 2 == 1;
-            const int64_t on = op >= 6 ? K * (C / 2) : K * C * P * P, dn = N * C * H * W;
+            const int64_t on = op >= 8 ? K * C : op >= 6 ? K * (C / 2) : K * C * P * P;
+            const int64_t dn = N * C * H * W;
             array out[2] = {new_array(dt, on), new_array(dt, on)};
             array dx[2] = {new_array(dt, dn), new_array(dt, dn)};
             int64_t *arg[2] = {calloc((size_t)on, 8), calloc((size_t)on, 8)};
@@ -469,6 +517,8 @@ static void nhwc_layouts(void) {
                 const roicore_tensor *xin = layout ? &txh : &tx, *gin = layout ? &tgh : &tg;
                 roicore_tensor to = {out[layout].data, dt, L, K, C, P, P};
                 roicore_tensor tps = {out[layout].data, dt, L, K, C / 2, 1, 1};
+                roicore_tensor ttv = {out[layout].data, dt, L, K, C / 2, 1, 2};
+                roicore_tensor tgtv = {layout ? gtvh.data : g.data, dt, L, K, C / 2, 1, 2};
                 roicore_tensor tdx = {dx[layout].data, dt, L, N, C, H, W};
                 const roicore_max_pool_rules *rules = d ? &PADDLE_MAX : &MXNET_MAX;
                 roicore_index_type at = d ? ROICORE_INT64 : ROICORE_INT32;
@@ -486,11 +536,16 @@ static void nhwc_layouts(void) {
                 case 5: rc = roicore_roi_align_backward(&MXNET_ALIGN, gin, &b, 0.9, 2, 0, &tdx, &three_threads, &err); break;
                 case 6: rc = roicore_psroi_pool_forward(&MXNET_PSROI, xin, &b, 0.9, 1, 2, &tps, &three_threads, &err); break;
                 case 7: rc = roicore_psroi_pool_backward(&MXNET_PSROI, layout ? &tgpsh : &tgps, &b, 0.9, 1, 2, &tdx, &three_threads, &err); break;
+                case 8: rc = roicore_psroi_pool_forward(&TORCHVISION_PSROI, xin, &b, 0.9, 1, 2, &ttv, &three_threads, &err); break;
+                case 9: rc = roicore_psroi_pool_backward(&TORCHVISION_PSROI, &tgtv, &b, 0.9, 1, 2, &tdx, &three_threads, &err); break;
+                case 10: rc = roicore_ps_roi_align_forward(&TORCHVISION_PS_ALIGN, xin, &b, 0.9, -1, &ttv, &three_threads, &err); break;
+                case 11: rc = roicore_ps_roi_align_backward(&TORCHVISION_PS_ALIGN, &tgtv, &b, 0.9, 2, &tdx, &three_threads, &err); break;
                 }
                 CHECK(rc == ROICORE_OK, "%s NHWC=%d: %s", what[op], layout, err.message);
             }
             /* NCHW results in NHWC order must equal the NHWC results */
             array want = backward ? to_nhwc(dx[0], N, C, H, W)
+                                  : op >= 8 ? to_nhwc(out[0], K, C / 2, 1, 2)
                                   : op >= 6 ? out[0] : to_nhwc(out[0], K, C, P, P);
             array got = backward ? dx[1] : out[1];
             CHECK(memcmp(want.data, got.data, (size_t)got.n * (dt == ROICORE_FLOAT32 ? 4 : 8)) == 0,
@@ -514,6 +569,7 @@ static void nhwc_layouts(void) {
             }
         }
         free(x.data); free(c.data); free(nc.data); free(g.data); free(gps.data); free(xh.data); free(gh.data);
+        free(gtvh.data);
     }
 }
 
@@ -623,6 +679,30 @@ static void bad_input(void) {
     EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, -1, 0, &to, NULL, &err), ROICORE_ERR_VALUE);
     set(c, 2, 5);
     set(c, 3, 5);
+    /* torchvision's PS operators: the group is the pooled size, C = D * PH * PW, the grid */
+    roicore_tensor tv_out = tensor(out, 2, 3, 1, 1);
+    EXPECT(roicore_psroi_pool_forward(&TORCHVISION_PSROI, &tx, &b, 1.0, 1, 2, &tv_out, NULL, &err), ROICORE_ERR_ARGUMENT);
+    roicore_tensor ps_wrong = tensor(out, 2, 2, 1, 1);  /* 2 * 1 * 1 channels, x has 3 */
+    EXPECT(roicore_ps_roi_align_forward(&TORCHVISION_PS_ALIGN, &tx, &b, 1.0, -1, &ps_wrong, NULL, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_ps_roi_align_forward(&TORCHVISION_PS_ALIGN, &tx, &b, 1.0, 5000, &tv_out, NULL, &err), ROICORE_ERR_ARGUMENT);
+    batch[1] = 2;
+    EXPECT(roicore_ps_roi_align_forward(&TORCHVISION_PS_ALIGN, &tx, &b, 1.0, -1, &tv_out, NULL, &err), ROICORE_ERR_VALUE);
+    batch[1] = 1;
+    set(c, 2, 1e6);
+    set(c, 3, 1e6);
+    EXPECT(roicore_ps_roi_align_forward(&TORCHVISION_PS_ALIGN, &tx, &b, 1.0, -1, &tv_out, NULL, &err), ROICORE_ERR_VALUE);
+    set(c, 2, 5);
+    set(c, 3, 5);
+    roicore_psroi_pool_rules bogus_ps = TORCHVISION_PSROI;
+    bogus_ps.formula = (roicore_psroi_formula)2;
+    EXPECT(roicore_psroi_pool_forward(&bogus_ps, &tx, &b, 1.0, 1, 1, &tv_out, NULL, &err), ROICORE_ERR_ARGUMENT);
+    roicore_ps_roi_align_rules bogus_align = {(roicore_precision)2};
+    EXPECT(roicore_ps_roi_align_forward(&bogus_align, &tx, &b, 1.0, -1, &tv_out, NULL, &err), ROICORE_ERR_ARGUMENT);
+    const int64_t ps_fields[] = {1, 2};
+    roicore_psroi_pool_rules ps_from;
+    EXPECT(roicore_psroi_pool_rules_from_array(ps_fields, 2, &ps_from, &err), ROICORE_ERR_ARGUMENT);
+    roicore_ps_roi_align_rules align_from;
+    EXPECT(roicore_ps_roi_align_rules_from_array(ps_fields, 2, &align_from, &err), ROICORE_ERR_ARGUMENT);
     roicore_max_pool_rules bogus = MXNET_MAX;
     bogus.compare = (roicore_compare)7;
     EXPECT(roicore_roi_pool_max_forward(&bogus, &tx, &b, 1.0, &to, NULL, ROICORE_INT32, NULL, &err), ROICORE_ERR_ARGUMENT);
@@ -695,6 +775,7 @@ int main(void) {
     openvino_vectors();
     tensorflow_crops();
     mxnet_psroi();
+    torchvision_ps();
     roi_align_vectors();
     thread_invariance();
     nhwc_layouts();
