@@ -83,6 +83,10 @@ static inline roicore_strides roicore_strides_of(const roicore_tensor *t) {
     return s;
 }
 
+/* Channels per task of the backwards whose tasks own whole channels: a box's upstream
+ * gradients for a task's channels then share a cache line or two. */
+#define ROICORE_CHANNELS_PER_TASK 16
+
 /* Zero channel c of every image of tensor t: the start of a backward task that owns the
  * channel's gradient planes. */
 static inline void roicore_zero_channel(const roicore_tensor *t, int64_t c) {

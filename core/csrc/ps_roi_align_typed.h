@@ -8,11 +8,11 @@
  * 0 * v[0]), and the sum is divided by the grid size as torchvision counts it: an empty
  * grid gives 0/0, a negative one a signed zero.
  *
- * The forward runs one task per (box, pooled row), whose row samples serve the whole row.
- * The backward runs one task per input channel: it owns that channel's planes in every
- * image and adds into them box by box, which is torchvision's serial order restricted to
- * those planes (a box adds to a channel from one bin only), so results do not depend on
- * the thread count. */
+ * The forward runs one task per (box, pooled row), whose row samples serve the whole row,
+ * with four output channels' sums side by side.  The backward runs one task per block of
+ * input channels: it owns those channels' planes in every image and adds into them box by
+ * box, which is torchvision's serial order restricted to those planes (a box adds to a
+ * channel from one bin only), so results do not depend on the thread count. */
 
 #define TYPED(name) ROICORE_CAT(name, SFX)
 #define PS_BOX TYPED(ps_align_box)
@@ -113,6 +113,30 @@ static T TYPED(ps_align_mean)(const T *plane, int64_t sh, int64_t sw, SAMPLES y,
     return sum / count;
 }
 
+/* ps_align_mean of four planes at once: four independent sums side by side (each in
+ * ps_align_mean's order), so that one sum's additions need not wait for the previous ones. */
+static void TYPED(ps_align_mean4)(const T *const plane[4], int64_t sh, int64_t sw, SAMPLES y,
+                                  int64_t gy, SAMPLES x, int64_t gx, T count, T mean[4]) {
+    T sum[4] = {0, 0, 0, 0};
+    for (int64_t iy = 0; iy < gy; ++iy) {
+        const int64_t lo = y.lo[iy] * sh, hi = y.hi[iy] * sh;
+        for (int64_t ix = 0; ix < gx; ++ix) {
+            if (y.lo[iy] < 0 || x.lo[ix] < 0) {
+                for (int i = 0; i < 4; ++i) sum[i] += (T)0;
+                continue;
+            }
+            const int64_t a = x.lo[ix] * sw, b = x.hi[ix] * sw;
+            const T w1 = y.lw[iy] * x.lw[ix], w2 = y.lw[iy] * x.hw[ix];
+            const T w3 = y.hw[iy] * x.lw[ix], w4 = y.hw[iy] * x.hw[ix];
+            for (int i = 0; i < 4; ++i) {
+                const T *p = plane[i];
+                sum[i] += w1 * p[lo + a] + w2 * p[lo + b] + w3 * p[hi + a] + w4 * p[hi + b];
+            }
+        }
+    }
+    for (int i = 0; i < 4; ++i) mean[i] = sum[i] / count;
+}
+
 static int TYPED(ps_align_forward)(const roicore_tensor *x, const roicore_boxes *boxes,
                                    double scale, int64_t sampling_ratio, const roicore_tensor *out,
                                    roicore_run *run, roicore_error *err) {
@@ -137,19 +161,47 @@ static int TYPED(ps_align_forward)(const roicore_tensor *x, const roicore_boxes 
         TYPED(bin_samples)(g->ystart, g->ybin, gy, ph, H, ROICORE_SAMPLER_CAFFE2, ys);
         for (int64_t pw = 0; pw < PW; ++pw) {
             TYPED(bin_samples)(g->xstart, g->xbin, gx, pw, W, ROICORE_SAMPLER_CAFFE2, xs);
-            for (int64_t d = 0; d < out->c; ++d) {
-                T *cell = o + d * so.c + pw * so.w;
-                if (b < 0) {  /* a masked box */
-                    *cell = 0;
-                    continue;
-                }
-                const T *plane = xd + b * sx.n + ((d * PH + ph) * PW + pw) * sx.c;
-                *cell = TYPED(ps_align_mean)(plane, sx.h, sx.w, ys, gy, xs, gx, count);
+            T *cell = o + pw * so.w;
+            const T *plane = xd + b * sx.n + (ph * PW + pw) * sx.c;  /* channel d: + d*PH*PW */
+            const int64_t step = PH * PW * sx.c;
+            int64_t d = 0;
+            if (b < 0) {  /* a masked box */
+                for (; d < out->c; ++d) cell[d * so.c] = 0;
             }
+            for (; d + 4 <= out->c; d += 4) {
+                const T *planes[4] = {plane + d * step, plane + (d + 1) * step,
+                                      plane + (d + 2) * step, plane + (d + 3) * step};
+                T mean[4];
+                TYPED(ps_align_mean4)(planes, sx.h, sx.w, ys, gy, xs, gx, count, mean);
+                for (int i = 0; i < 4; ++i) cell[(d + i) * so.c] = mean[i];
+            }
+            for (; d < out->c; ++d)
+                cell[d * so.c] = TYPED(ps_align_mean)(plane + d * step, sx.h, sx.w, ys, gy, xs,
+                                                      gx, count);
         }
     }
     TYPED(ps_align_plan_free)(&p);
     return roicore_run_status(run, err);
+}
+
+/* The gradient of one bin into its plane (rows sh, columns sw elements apart):
+ * g * w / count added to the four neighbours of every in-range sample, in order. */
+static void TYPED(ps_align_add)(T *plane, int64_t sh, int64_t sw, SAMPLES y, int64_t gy,
+                                SAMPLES x, int64_t gx, T g, T count) {
+    for (int64_t iy = 0; iy < gy; ++iy) {
+        if (y.lo[iy] < 0) continue;
+        T *lo = plane + y.lo[iy] * sh, *hi = plane + y.hi[iy] * sh;
+        for (int64_t ix = 0; ix < gx; ++ix) {
+            if (x.lo[ix] < 0) continue;
+            const int64_t a = x.lo[ix] * sw, b = x.hi[ix] * sw;
+            const T w1 = y.lw[iy] * x.lw[ix], w2 = y.lw[iy] * x.hw[ix];
+            const T w3 = y.hw[iy] * x.lw[ix], w4 = y.hw[iy] * x.hw[ix];
+            lo[a] += g * w1 / count;
+            lo[b] += g * w2 / count;
+            hi[a] += g * w3 / count;
+            hi[b] += g * w4 / count;
+        }
+    }
 }
 
 static int TYPED(ps_align_backward)(const roicore_tensor *g_out, const roicore_boxes *boxes,
@@ -164,34 +216,25 @@ static int TYPED(ps_align_backward)(const roicore_tensor *g_out, const roicore_b
     if (rc) return rc;
     const T *gd = (const T *)g_out->data;
     T *dxd = (T *)dx->data;
+    const int64_t CT = ROICORE_CHANNELS_PER_TASK;
 #pragma omp parallel for num_threads(run->n_threads) schedule(dynamic, 1)
-    for (int64_t c = 0; c < C; ++c) {
+    for (int64_t c0 = 0; c0 < C; c0 += CT) {
         if (roicore_stopping(run)) continue;
-        roicore_zero_channel(dx, c);
-        const int64_t d = c / (PH * PW), ph = c / PW % PH, pw = c % PW;
+        const int64_t c1 = roicore_min64(C, c0 + CT);
+        for (int64_t c = c0; c < c1; ++c) roicore_zero_channel(dx, c);
         SAMPLES ys = TYPED(ps_align_piece)(&p, 0), xs = TYPED(ps_align_piece)(&p, 1);
         for (int64_t k = 0; k < K; ++k) {
             const PS_BOX *g = &p.geo[k];
             const int64_t b = boxes->batch[k], gy = g->ygrid, gx = g->xgrid;
             if (b < 0 || gy <= 0 || gx <= 0) continue;
             const T count = (T)(gy * gx);
-            const T gv = gd[k * sg.n + d * sg.c + ph * sg.h + pw * sg.w];
-            TYPED(bin_samples)(g->ystart, g->ybin, gy, ph, H, ROICORE_SAMPLER_CAFFE2, ys);
-            TYPED(bin_samples)(g->xstart, g->xbin, gx, pw, W, ROICORE_SAMPLER_CAFFE2, xs);
-            T *plane = dxd + b * sd.n + c * sd.c;
-            for (int64_t iy = 0; iy < gy; ++iy) {
-                if (ys.lo[iy] < 0) continue;
-                T *lo = plane + ys.lo[iy] * sd.h, *hi = plane + ys.hi[iy] * sd.h;
-                for (int64_t ix = 0; ix < gx; ++ix) {
-                    if (xs.lo[ix] < 0) continue;
-                    const int64_t a = xs.lo[ix] * sd.w, e = xs.hi[ix] * sd.w;
-                    const T w1 = ys.lw[iy] * xs.lw[ix], w2 = ys.lw[iy] * xs.hw[ix];
-                    const T w3 = ys.hw[iy] * xs.lw[ix], w4 = ys.hw[iy] * xs.hw[ix];
-                    lo[a] += gv * w1 / count;
-                    lo[e] += gv * w2 / count;
-                    hi[a] += gv * w3 / count;
-                    hi[e] += gv * w4 / count;
-                }
+            for (int64_t c = c0; c < c1; ++c) {
+                const int64_t d = c / (PH * PW), ph = c / PW % PH, pw = c % PW;
+                const T gv = gd[k * sg.n + d * sg.c + ph * sg.h + pw * sg.w];
+                TYPED(bin_samples)(g->ystart, g->ybin, gy, ph, H, ROICORE_SAMPLER_CAFFE2, ys);
+                TYPED(bin_samples)(g->xstart, g->xbin, gx, pw, W, ROICORE_SAMPLER_CAFFE2, xs);
+                TYPED(ps_align_add)(dxd + b * sd.n + c * sd.c, sd.h, sd.w, ys, gy, xs, gx,
+                                    gv, count);
             }
         }
     }

@@ -122,9 +122,10 @@ def test_parity_with_torchvision(op, case, sampling_ratio, aligned, boxes_as_lis
 
 
 def large_case(op, dtype, seed):
-    """A 512-box case on a 2 x C x 38 x 50 map: boxes of every kind, adaptive sampling."""
+    """A 512-box case on a 2 x C x 38 x 50 map: boxes of every kind, adaptive sampling
+    (position-sensitive: 6 output channels, four of them computed side by side)."""
     rng = np.random.default_rng(seed)
-    C = 2 * 49 if position_sensitive(op) else 16
+    C = 6 * 49 if position_sensitive(op) else 16
     x = torch.from_numpy(rng.standard_normal((2, C, 38, 50))).to(dtype)
     xy = rng.uniform(-100, 850, (512, 2))
     wh = rng.uniform(-60, 500, (512, 2))

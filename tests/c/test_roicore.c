@@ -693,6 +693,16 @@ static void bad_input(void) {
     EXPECT(roicore_ps_roi_align_forward(&TORCHVISION_PS_ALIGN, &tx, &b, 1.0, -1, &tv_out, NULL, &err), ROICORE_ERR_VALUE);
     set(c, 2, 5);
     set(c, 3, 5);
+    /* a masked box is never scaled, however far its coordinates reach */
+    batch[1] = -1;
+    b.masked = 1;
+    set(c, 6, 1e30);
+    CHECK(roicore_psroi_pool_forward(&TORCHVISION_PSROI, &tx, &b, 1.0, 1, 1, &tv_out, NULL, &err) == ROICORE_OK, "%s", err.message);
+    CHECK(roicore_ps_roi_align_forward(&TORCHVISION_PS_ALIGN, &tx, &b, 1.0, -1, &tv_out, NULL, &err) == ROICORE_OK, "%s", err.message);
+    for (int i = 3; i < 6; ++i) CHECK(get(out, i) == 0, "masked box output[%d] = %g", i, get(out, i));
+    set(c, 6, 7);
+    b.masked = 0;
+    batch[1] = 1;
     roicore_psroi_pool_rules bogus_ps = TORCHVISION_PSROI;
     bogus_ps.formula = (roicore_psroi_formula)2;
     EXPECT(roicore_psroi_pool_forward(&bogus_ps, &tx, &b, 1.0, 1, 1, &tv_out, NULL, &err), ROICORE_ERR_ARGUMENT);

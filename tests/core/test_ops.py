@@ -193,7 +193,7 @@ def _position_sensitive_map(case, out_ch, seed=7):
     return x.astype(case.x.dtype), rng
 
 
-@given(case=cases(channels=1, max_p=3), out_ch=st.integers(1, 3),
+@given(case=cases(channels=1, max_p=3), out_ch=st.integers(1, 6),
        group=st.sampled_from([None, "pooled"]))
 def test_psroi_pool_torchvision_matches_reference(case, out_ch, group):
     x, rng = _position_sensitive_map(case, out_ch)
@@ -224,7 +224,7 @@ def test_psroi_pool_torchvision_backward_bins_differ_from_the_forward():
 # --- position-sensitive RoIAlign -------------------------------------------------------
 
 @pytest.mark.parametrize("convention", sorted(PSROI_ALIGN))
-@given(case=cases(channels=1, max_p=3), out_ch=st.integers(1, 3),
+@given(case=cases(channels=1, max_p=3), out_ch=st.integers(1, 6),
        sampling_ratio=st.sampled_from([-1, 0, 1, 2, 3]))
 def test_ps_roi_align_matches_reference(convention, case, out_ch, sampling_ratio):
     x, rng = _position_sensitive_map(case, out_ch)
@@ -459,8 +459,9 @@ def _thread_cases():
         ps3, many, 7, 1 / 16, group_size=3, convention="mxnet", n_threads=n)
     yield "psroi_pool backward group 3", lambda n: rc.psroi_pool_backward(
         g3, many, ps3.shape, 1 / 16, group_size=3, convention="mxnet", n_threads=n)
-    ps_box = rng.standard_normal((2, 3 * 49, 19, 23)).astype(np.float32)
-    g_ps = rng.standard_normal((80, 3, 7, 7)).astype(np.float32)
+    # 7 output channels: a block of four computed side by side, and three alone
+    ps_box = rng.standard_normal((2, 7 * 49, 19, 23)).astype(np.float32)
+    g_ps = rng.standard_normal((80, 7, 7, 7)).astype(np.float32)
     yield "psroi_pool torchvision", lambda n: rc.psroi_pool(
         ps_box, rois, 7, 1 / 16, convention="torchvision", n_threads=n)
     yield "psroi_pool backward torchvision", lambda n: rc.psroi_pool_backward(
