@@ -24,6 +24,6 @@ def test_the_corpus_reaches_every_operator_direction_and_hostile_kind():
         case = fuzz_core.make_case(seed)
         seen.add((case["op"], case["backward"]))
         seen.add(case["hostile"])
-    assert {(op, d) for op in ("max", "bilinear", "psroi", "align")
+    assert {(op, d) for op in ("max", "bilinear", "psroi", "align", "ps_align")
             for d in (False, True)} <= seen
     assert {"nan", "inf", "far", "batch"} <= seen

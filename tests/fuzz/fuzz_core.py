@@ -41,7 +41,7 @@ def make_case(seed):
     """Everything one case needs, from its seed."""
     np, reference, rc, conventions, BOX_KINDS, SCALES, feature_box = _imports()
     rng = np.random.default_rng(seed)
-    op = str(rng.choice(["max", "bilinear", "nearest", "boxes", "psroi", "align"]))
+    op = str(rng.choice(["max", "bilinear", "nearest", "boxes", "psroi", "align", "ps_align"]))
     crop = op in CROP_OPS
     backward = bool(rng.random() < 0.5)
     dtype = np.float32 if rng.random() < 0.6 else np.float64
@@ -52,12 +52,15 @@ def make_case(seed):
              "nearest": conventions.BILINEAR_POOL,
              # the box gradient is TensorFlow's only
              "boxes": {"tensorflow": conventions.BILINEAR_POOL["tensorflow"]},
-             "psroi": conventions.PSROI_POOL, "align": conventions.ROI_ALIGN}[op]
+             "psroi": conventions.PSROI_POOL, "align": conventions.ROI_ALIGN,
+             "ps_align": conventions.PSROI_ALIGN}[op]
     convention = str(rng.choice(sorted(table)))
     group = None
-    if op == "psroi":
-        group = (PH, PW) if rng.random() < 0.5 else tuple(int(v) for v in rng.integers(1, 4, 2))
-        D = int(rng.integers(1, 5))
+    if op in ("psroi", "ps_align"):
+        group = (PH, PW)
+        if rng.random() < 0.5 and op == "psroi" and table[convention].formula == "rfcn":
+            group = tuple(int(v) for v in rng.integers(1, 4, 2))
+        D = int(rng.integers(1, 7))  # whole blocks of 4 output channels and their tails
         C = D * group[0] * group[1]
     else:
         C = int(rng.choice([1, 2, 3, 8, 9, 33, 64, 70]))
@@ -87,7 +90,7 @@ def make_case(seed):
             boxes[k, j] = 3e9 / (W if crop else scale)
         else:
             batch[k] = N if rng.random() < 0.5 else -1
-    grad_shape = (K, C // (group[0] * group[1]) if op == "psroi" else C, PH, PW)
+    grad_shape = (K, C // (group[0] * group[1]) if group else C, PH, PW)
     case = dict(op=op, backward=backward, dtype=dtype, x=x, boxes=boxes, batch=batch,
                 output_size=(PH, PW), scale=scale, convention=table[convention],
                 convention_name=convention, group=group, hostile=hostile,
@@ -124,6 +127,10 @@ def _core(case, n_threads):
             return (rc.psroi_pool(x, b, P, s, group_size=c["group"], **kw),)
         return (rc.psroi_pool_backward(c["grad"], b, x.shape, s, group_size=c["group"], **kw),)
     sr, al = c["sampling_ratio"], c["aligned"]
+    if c["op"] == "ps_align":
+        if not c["backward"]:
+            return (rc.ps_roi_align(x, b, P, s, sr, **kw),)
+        return (rc.ps_roi_align_backward(c["grad"], b, x.shape, s, sr, **kw),)
     if not c["backward"]:
         return (rc.roi_align(x, b, P, s, sr, al, **kw),)
     return (rc.roi_align_backward(c["grad"], b, x.shape, s, sr, al, **kw),)
@@ -154,6 +161,10 @@ def _reference(case):
         return (reference.psroi_pool_backward(c["grad"], b, batch, x.shape, P, s, rules,
                                               group_size=c["group"]),)
     sr, al = c["sampling_ratio"], c["aligned"]
+    if c["op"] == "ps_align":
+        if not c["backward"]:
+            return (reference.ps_roi_align(x, b, batch, P, s, sr, rules),)
+        return (reference.ps_roi_align_backward(c["grad"], b, batch, x.shape, P, s, sr, rules),)
     if not c["backward"]:
         return (reference.roi_align(x, b, batch, P, s, sr, al, rules),)
     return (reference.roi_align_backward(c["grad"], b, batch, x.shape, P, s, sr, al, rules),)
