@@ -623,7 +623,7 @@ def psroi_pool_backward(grad_output, boxes, batch, input_shape, output_size, spa
     return dx
 
 
-# torchvision ps_roi_pool (semantics.md 5.2): the integer RoI of max pooling without +1
+# torchvision ps_roi_pool (docs/semantics.md 4.3): the integer RoI of max pooling without +1
 
 def _tv_psroi_box(box, s, backward):
     """(rs_w, rs_h, bin_w, bin_h): starts rounded after scaling, size at least 1, in T.
@@ -964,7 +964,7 @@ def roi_align_backward(grad_output, boxes, batch, input_shape, output_size, spat
 
 
 # ---------------------------------------------------------------------------------------------
-# Position-sensitive RoIAlign: torchvision ps_roi_align (semantics.md 5.4)
+# Position-sensitive RoIAlign: torchvision ps_roi_align (docs/semantics.md 4.3)
 # ---------------------------------------------------------------------------------------------
 
 def _ps_align_box(box, s, sampling_ratio, PH, PW, T):
