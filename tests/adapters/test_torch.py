@@ -560,7 +560,7 @@ def test_sgd_training_matches_torchvision_step_for_step(op, dtype):
 _DDP_WORKER = textwrap.dedent("""
     import sys, numpy as np, torch, torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{tests!r}, {root!r}]      # test_torch and the helpers it imports
     from test_torch import ddp_batch, ddp_model
     rank, world, init = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     torch.set_num_threads(1)
@@ -593,7 +593,8 @@ def test_ddp_gradients_match_a_single_process(op, tmp_path):
     roicore's, and the averaged gradients equal a single process's, bit for bit, when it
     takes the two shards' gradients the same way (DDP divides each by 2 and adds them)."""
     init = f"file://{tmp_path / 'rendezvous'}"
-    script = _DDP_WORKER.format(tests=os.path.dirname(__file__), op=op)
+    script = _DDP_WORKER.format(tests=os.path.dirname(__file__),
+                                root=os.path.dirname(os.path.dirname(__file__)), op=op)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, "-c", script, str(r), "2", init,
                                str(tmp_path / f"rank{r}.npz")], env=env,
