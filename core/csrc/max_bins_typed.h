@@ -22,8 +22,8 @@ VARIANT_ATTR ROICORE_INLINE void VNAME(max_group)(const T *img, int64_t W, int64
                                                   int64_t q0, int G, int64_t h0, int64_t h1,
                                                   int64_t w0, int64_t w1, int compare,
                                                   int first, VT init, T *restrict acc,
-                                                  int32_t *restrict arg, int32_t abase,
-                                                  int32_t astep) {
+                                                  int32_t *restrict arg, UMT lane_step,
+                                                  int32_t abase, int32_t astep) {
     typedef VT VTu __attribute__((aligned(sizeof(T))));
     VT m[ROICORE_BLOCK_VECTORS];
     MT a[ROICORE_BLOCK_VECTORS];
@@ -53,9 +53,7 @@ VARIANT_ATTR ROICORE_INLINE void VNAME(max_group)(const T *img, int64_t W, int64
         *(VTu *)(acc + (q0 + q) * LANES) = m[q];
         if (arg) {  /* the plane's offset into x, for a global index (unsigned: padding
                        lanes may pass 2**31, and their indices are never written out) */
-            UMT lane = {0};
-            for (int i = 0; i < LANES; ++i) lane[i] = (IT)i;
-            const UMT off = (lane + (IT)((q0 + q) * LANES)) * (IT)astep + (IT)abase;
+            const UMT off = lane_step + ((UIT)((q0 + q) * LANES) * (UIT)astep + (UIT)abase);
             const MT idx = (MT)((UMT)a[q] + (off & (UMT)(a[q] >= 0)));
             STORE_INDICES(arg + (q0 + q) * LANES, idx);
         }
@@ -67,10 +65,17 @@ VARIANT_ATTR ROICORE_INLINE void VNAME(max_group)(const T *img, int64_t W, int64
  * time.  Empty bins give 0 and -1.  The pending write-outs advance a step per row of bins. */
 VARIANT_ATTR ROICORE_INLINE void VNAME(max_box)(const MAX_OP *op, FWD_TASK *t,
                                                 int compare, int with_arg) {
+    /* locals, not loads through op and t: the argmax stores (int32) may alias their int
+     * fields as far as the compiler knows, which would reload them for every bin */
     const int64_t PW = op->PW, W = op->W, lanes = t->lanes;
     const int64_t *hs = op->hs + t->k * op->PH, *he = op->he + t->k * op->PH;
     const int64_t *ws = op->ws + t->k * PW, *we = op->we + t->k * PW;
     const VT init = (VT){0} + op->initial;
+    const int first = op->first;
+    const T *img = t->img;
+    const int32_t abase = t->abase, astep = t->astep;
+    UMT lane_step = {0};  /* lane i's offset step, i * astep */
+    for (int i = 0; i < LANES; ++i) lane_step[i] = (UIT)i * (UIT)astep;
     const int G = with_arg ? ROICORE_BLOCK_VECTORS / 2 : ROICORE_BLOCK_VECTORS;
     for (int64_t ph = t->p0 / PW; ph <= (t->p1 - 1) / PW; ++ph) {
         roicore_pending_step_all(t->pend, t->npend);
@@ -89,12 +94,12 @@ VARIANT_ATTR ROICORE_INLINE void VNAME(max_box)(const MAX_OP *op, FWD_TASK *t,
             }
             if (lanes == ROICORE_BLOCK_VECTORS * LANES) {
                 for (int q0 = 0; q0 < ROICORE_BLOCK_VECTORS; q0 += G)
-                    VNAME(max_group)(t->img, W, lanes, q0, G, hs[ph], he[ph], ws[pw], we[pw],
-                                     compare, op->first, init, acc, arg, t->abase, t->astep);
+                    VNAME(max_group)(img, W, lanes, q0, G, hs[ph], he[ph], ws[pw], we[pw],
+                                     compare, first, init, acc, arg, lane_step, abase, astep);
             } else {
                 for (int64_t q0 = 0; q0 < lanes / LANES; ++q0)
-                    VNAME(max_group)(t->img, W, lanes, q0, 1, hs[ph], he[ph], ws[pw], we[pw],
-                                     compare, op->first, init, acc, arg, t->abase, t->astep);
+                    VNAME(max_group)(img, W, lanes, q0, 1, hs[ph], he[ph], ws[pw], we[pw],
+                                     compare, first, init, acc, arg, lane_step, abase, astep);
             }
         }
     }
