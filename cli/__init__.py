@@ -75,8 +75,9 @@ def _parser():
                     "difference, mismatching elements and gradient agreement; then compare "
                     "roicore's conventions with one another on the same inputs.",
         epilog=PARITY_EPILOG + INPUT_KEYS, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from .parity import FRAMEWORKS as PARITY_FRAMEWORKS
     pp.add_argument("--frameworks", metavar="LIST",
-                    help="comma-separated: paddle,mxnet,tensorflow,openvino (default: all)")
+                    help=f"comma-separated: {','.join(PARITY_FRAMEWORKS)} (default: all)")
     pp.add_argument("--ops", metavar="LIST",
                     help=f"comma-separated: {','.join(OPS)} (default: all)")
     pp.add_argument("--dtypes", metavar="LIST", help="float32,float64 (default: both)")
@@ -88,6 +89,9 @@ def _parser():
     pp.add_argument("--json", metavar="FILE", help="also write a machine-readable report ('-': stdout)")
     pp.add_argument("--no-conventions", action="store_true",
                     help="skip the table comparing roicore's conventions with one another")
+    pp.add_argument("--no-training", action="store_true",
+                    help="skip the training runs (a convolution trained through each op, native "
+                         "and roicore's, compared step by step)")
 
     from .bench import DIRECTIONS, DTYPES, FRAMEWORKS, OPS as BENCH_OPS, QUICK, REPEATS
     from .workloads import WORKLOADS

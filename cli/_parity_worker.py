@@ -2,6 +2,7 @@
 roicore's counterpart, forward and (where the framework has one) backward."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -98,3 +99,41 @@ def parity(harness, msg):
         _compare_case(harness, cc, dt, rec)
     progress(f"{len(todo)}/{len(todo)} case runs done")
     return dict(results=out)
+
+
+def training(harness, msg):
+    """The training head of each case (``cases.training_case``) whose operator the harness
+    claims, in each claimed dtype asked for and each of its training modes, once with the
+    native op and once with roicore's: the loss and the weight after every step."""
+    out = []
+    for c in msg["cases"]:
+        for dt in (d for d in harness.parity_claims.get(c["op"], ()) if d in msg["dtypes"]):
+            for mode in harness.training_modes:
+                rec = dict(op=c["op"], dtype=dt, mode=mode, steps=c["steps"])
+                out.append(rec)
+                _train_both(harness, c, dt, mode, rec)
+    return dict(results=out)
+
+
+def _train_both(harness, case, dtype, mode, rec):
+    try:
+        inputs = harness.inputs(case, dtype, np.ascontiguousarray(case["target"], dtype))
+    except Exception as e:
+        rec["native"] = rec["roicore"] = dict(error=error_text(e))
+        return
+    layout = "NCHW"
+    for which in ("native", "roicore"):
+        try:
+            if which == "native":
+                call = harness.native(case, inputs)
+                layout = call.layout
+            else:
+                call = harness.roicore(case, inputs, layout)
+                if _fault(harness.name, case["op"]):   # a relative 2**-20 off, every call
+                    fn = call.fn
+                    call = dataclasses.replace(call, fn=lambda x: fn(x) * (1 + 2 ** -20))
+            steps = harness.train(call, case, dtype, mode)
+            rec[which] = dict(loss=np.concatenate([np.ravel(l) for l, _ in steps]),
+                              weight=np.stack([w for _, w in steps]))
+        except Exception as e:
+            rec[which] = dict(error=error_text(e))

@@ -34,8 +34,8 @@ def main(argv):
             if msg["cmd"] == "init":
                 return init(msg)
             if kind == "parity":
-                from ._parity_worker import parity
-                return parity(state["harness"], msg)
+                from ._parity_worker import parity, training
+                return (training if msg["cmd"] == "training" else parity)(state["harness"], msg)
             return state["bench"].handle(msg)
         except Exception as e:
             import traceback

@@ -2,7 +2,7 @@
 
 A case is a dict of framework-neutral NumPy data:
 
-    name, group        "golden" | "random" | "adversarial" | "inputs"
+    name, group        "golden" | "random" | "adversarial" | "inputs" | "training"
     op                 "roi_pool" | "psroi_pool" | "roi_align" | "roi_pool_bilinear" |
                        "ps_roi_align"
     x                  (N, C, H, W) float64 (cast to the dtype under test)
@@ -14,6 +14,8 @@ A case is a dict of framework-neutral NumPy data:
     aligned            bool (roi_align)
     seed               seeds the upstream gradient of the backward pass
     expected           golden cases only: the known forward output
+    images, weight,    training cases only (``training_case``)
+    target, steps, lr
     conventions        golden cases only, optional: the conventions it holds for (default:
                        every convention of the operator)
 """
@@ -192,6 +194,42 @@ def suite(ops, n_random, seed):
         cases += adversarial_cases(op)
         cases += random_cases(op, n_random, seed)
     return cases
+
+
+# ----------------------------------------------------------------------------- training
+TRAIN_STEPS = 5
+TRAIN_LR = 0.05
+
+
+def training_case(op):
+    """A small detection head's data for ``op``: a 3-channel image batch that a 3x3
+    convolution (padding 1) turns into the feature map ``x`` has the shape of, the
+    convolution's initial weight (C, 3, 3, 3), proposals inside the images (several
+    overlapping, one per image on exact feature-pixel halves) and the target the loss
+    mean((op(conv(images)) - target)**2) pulls towards.  ``x`` is zeros: the feature map is
+    the convolution's output, step after step."""
+    rng = np.random.default_rng([97, OPS.index(op)])
+    N, H, W, K = 2, 14, 18, 10
+    ps = op in POSITION_SENSITIVE
+    P = 3 if ps else 4
+    C = 2 * P * P if ps else 6
+    if op == "roi_pool_bilinear":
+        y1, x1 = rng.uniform(0, 0.6, (2, K))
+        b = np.stack([x1, y1, x1 + rng.uniform(0.15, 0.4, K), y1 + rng.uniform(0.15, 0.4, K)], 1)
+        s, sr = 1.0, -1
+    else:
+        s, sr = 0.5, 2                                       # boxes in pixels of a 2x image
+        p1 = rng.uniform(0, 0.6, (K, 2)) * [W / s, H / s]
+        b = np.concatenate([p1, p1 + rng.uniform(4, 14, (K, 2)) / s], 1)
+        b[[0, K // 2]] = np.round(b[[0, K // 2]] * s * 2) / 2 / s + 1 / (2 * s)
+    rois = np.hstack([np.repeat(np.arange(N), K // N)[:, None], b])
+    c = _case(f"training_{op}", "training", op, np.zeros((N, C, H, W)), rois, P, s, sr,
+              seed=OPS.index(op))
+    c.update(images=rng.standard_normal((N, 3, H, W)),
+             weight=rng.standard_normal((C, 3, 3, 3)) * 0.3,
+             target=rng.standard_normal((K, C // (P * P) if ps else C, P, P)),
+             steps=TRAIN_STEPS, lr=TRAIN_LR)
+    return c
 
 
 # ----------------------------------------------------------------------------- user input

@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from . import cases as K
+from .cases import TRAIN_STEPS
 from ._proc import Worker, WorkerDied
 from .frameworks import NAMES, harness_class, output_channels
 from ._report import (FRAMEWORK_ALIASES, UsageError, environment, fmt_diff, log, parse_list,
@@ -19,7 +20,7 @@ DTYPES = ("float32", "float64")
 
 
 # ----------------------------------------------------------------------------- workers
-def _run_framework(fw, cases, dtypes, out):
+def _run_framework(fw, cases, dtypes, out, training=()):
     t0 = time.monotonic()
     w = Worker("parity", fw)
     try:
@@ -37,8 +38,16 @@ def _run_framework(fw, cases, dtypes, out):
             out[fw] = dict(status="failed", version=init["version"],
                            reason=res["error"] + "\n" + res.get("traceback", ""))
             return
+        trained = []
+        if training:
+            res_t = w.request(dict(cmd="training", cases=list(training), dtypes=dtypes))
+            if "error" in res_t:
+                out[fw] = dict(status="failed", version=init["version"],
+                               reason=res_t["error"] + "\n" + res_t.get("traceback", ""))
+                return
+            trained = res_t["results"]
         out[fw] = dict(status="ran", version=init["version"], results=res["results"],
-                       seconds=round(time.monotonic() - t0, 1))
+                       training=trained, seconds=round(time.monotonic() - t0, 1))
         log(f"{fw}: done in {time.monotonic() - t0:.1f} s")
     except WorkerDied as e:
         out[fw] = dict(status="failed", reason=str(e))
@@ -109,6 +118,33 @@ def _aggregate(fw, results, has_grad):
         row["ok"] = row["bit_exact"]
         row["mismatching_cases"] = row["mismatching_cases"][:20]
     return list(rows.values())
+
+
+def _training_row(fw, r):
+    """A training run's row: the first step at which roicore's run departs from the
+    native one (loss or weight not bit-identical), or None."""
+    row = dict(framework=fw, operator=r["op"], dtype=r["dtype"], mode=r["mode"],
+               steps=r["steps"], identical_steps=0, loss_max_abs_diff=None,
+               weight_max_abs_diff=None, error=None)
+    nat, mine = r["native"], r["roicore"]
+    if "error" in mine:
+        row["error"] = f"roicore raised {mine['error']}"
+        row["ok"] = False
+        return row
+    if "error" in nat:   # nothing to compare with; roicore's run is not judged
+        row["error"] = f"native raised {nat['error']}"
+        row["ok"] = True
+        return row
+    for i in range(r["steps"]):
+        _, ml, _ = K.compare(mine["loss"][i:i + 1], nat["loss"][i:i + 1])
+        _, mw, _ = K.compare(mine["weight"][i:i + 1], nat["weight"][i:i + 1])
+        if ml or mw:
+            break
+        row["identical_steps"] += 1
+    row["loss_max_abs_diff"] = K.compare(mine["loss"], nat["loss"])[2]
+    row["weight_max_abs_diff"] = K.compare(mine["weight"], nat["weight"])[2]
+    row["ok"] = row["identical_steps"] == r["steps"]
+    return row
 
 
 # ----------------------------------------------------------------------------- roicore alone
@@ -193,6 +229,27 @@ def _frac(m, n):
     return "-" if n is None else f"{m}/{n}"
 
 
+def print_training(trained):
+    print()
+    print(f"training: a convolution trained through the op, {TRAIN_STEPS} SGD steps with the "
+          "native op and with roicore's\n(loss and weight compared after every step)")
+    rows = []
+    for r in trained:
+        verdict = ("native failed" if r["error"] and r["ok"] else
+                   "FAILED" if r["error"] else
+                   "bit-identical" if r["ok"] else f"DEPARTS at step {r['identical_steps'] + 1}")
+        rows.append([r["operator"], r["framework"], r["dtype"], r["mode"],
+                     f"{r['identical_steps']}/{r['steps']}", fmt_diff(r["loss_max_abs_diff"]),
+                     fmt_diff(r["weight_max_abs_diff"]), verdict])
+    print(table(["operator", "framework", "dtype", "mode", "identical steps", "loss max|diff|",
+                 "weight max|diff|", "verdict"], rows, "llllrrrl"))
+    for r in trained:
+        if r["error"]:
+            lines = [ln.strip() for ln in r["error"].splitlines() if ln.strip()]
+            print(f"  {r['framework']} {r['operator']} {r['dtype']} {r['mode']}: {lines[0]}"
+                  + (f" ... {lines[-1]}" if len(lines) > 1 else ""))
+
+
 def print_report(report, inputs_mode):
     print(f"roicore {report['environment']['roicore']} parity: adapters vs native operators, "
           "bit for bit")
@@ -237,6 +294,8 @@ def print_report(report, inputs_mode):
         if r["mismatching_cases"]:
             print(f"  {r['framework']} {r['operator']} {r['dtype']}: departs on "
                   f"{', '.join(r['mismatching_cases'][:8])}")
+    if report.get("training"):
+        print_training(report["training"])
     notes = [(r, n) for r in report["results"] for n in r["notes"]]
     if notes:
         print("notes:")
@@ -317,7 +376,10 @@ def run(args):
         "(one worker process each)")
 
     results = {}
-    threads = [threading.Thread(target=_run_framework, args=(fw, cases, dtypes, results))
+    training = ([] if inputs_mode or args.no_training
+                else [K.training_case(op) for op in ops])
+    threads = [threading.Thread(target=_run_framework,
+                                args=(fw, cases, dtypes, results, training))
                for fw in frameworks]
     for t in threads:
         t.start()
@@ -327,19 +389,21 @@ def run(args):
     for t in threads:
         t.join()
 
-    rows, fw_info = [], {}
+    rows, fw_info, trained = [], {}, []
     for fw in frameworks:
         info = results.get(fw, dict(status="failed", reason="no result"))
-        fw_info[fw] = {k: v for k, v in info.items() if k != "results"}
+        fw_info[fw] = {k: v for k, v in info.items() if k not in ("results", "training")}
         if info["status"] == "ran":
             rows += _aggregate(fw, info["results"], harness_class(fw).differentiable)
+            trained += [_training_row(fw, r) for r in info["training"]]
     order = {op: i for i, op in enumerate(K.OPS)}
     rows.sort(key=lambda r: (order[r["operator"]], frameworks.index(r["framework"]), r["dtype"]))
-    ok = (all(r["ok"] for r in rows) and all(i["status"] != "failed" for i in fw_info.values())
+    ok = (all(r["ok"] for r in rows + trained)
+          and all(i["status"] != "failed" for i in fw_info.values())
           and all(g["ok"] for g in golden))
     report = dict(command="parity", ok=ok, seconds=time.monotonic() - t0,
                   environment=environment(), frameworks=fw_info, results=rows,
-                  conventions=conv, golden=golden)
+                  training=trained, conventions=conv, golden=golden)
     if inputs_mode:
         report["inputs"] = inputs
     else:

@@ -70,6 +70,8 @@ class Harness:
     # what the reports call the native operators and, in parity, what they are compared with
     native_text = ""
     parity_text = ""
+    # the modes :meth:`train` runs its head in (parity's training rows; none: no head)
+    training_modes = ()
 
     def __init__(self, threads=None):
         """Import the framework; ``threads`` None leaves its thread count at its default."""
@@ -94,6 +96,16 @@ class Harness:
         """A :class:`Call` of roicore's counterpart of :meth:`native` (the adapter), taking
         and returning tensors in ``layout``, one of :attr:`layouts`."""
         raise Unsupported(f"roicore has no {self.name} counterpart of {case['op']}")
+
+    def train(self, call, case, dtype, mode):
+        """Train the head of a training case (``cases.training_case``) with ``call``'s
+        operator as its RoI layer, in ``mode`` (one of :attr:`training_modes`):
+        ``case["steps"]`` plain SGD steps of the convolution's weight on
+        mean((call.fn(conv(images)) - target)**2), the convolution 3x3 with padding 1 and no
+        bias, in the framework's own operators and autograd.  Returns ``[(loss, weight)]``
+        after each step as NumPy, the weight as (C, 3, 3, 3).  ``call`` comes from
+        :meth:`native` or :meth:`roicore` on the case's :meth:`inputs`; its x is unused."""
+        raise Unsupported(f"no training head for {self.name}")
 
     def forward(self, call):
         """The output of ``call``, computed (not merely scheduled)."""

@@ -17,6 +17,7 @@ class Harness(Base):
     native_text = "mx.nd ROIPooling / contrib.ROIAlign / contrib.PSROIPooling"
     parity_text = ("mx.nd ROIPooling / contrib.PSROIPooling / contrib.ROIAlign vs "
                    "roicore.adapters.mxnet")
+    training_modes = ("eager",)
 
     def __init__(self, threads=None):
         super().__init__(threads)
@@ -94,6 +95,23 @@ class Harness(Base):
         y.backward(call.dy)
         x.grad.wait_to_read()
         return y, x.grad
+
+    def train(self, call, case, dtype, mode):
+        # the convolution's output is in oneDNN's layout (float32), as in a real model
+        mx = self.mx
+        images = mx.nd.array(case["images"], dtype=dtype)
+        target = mx.nd.array(case["target"], dtype=dtype)
+        w, out = mx.nd.array(case["weight"], dtype=dtype), []
+        for _ in range(case["steps"]):
+            w.attach_grad()
+            with mx.autograd.record():
+                f = mx.nd.Convolution(images, w, kernel=(3, 3), pad=(1, 1),
+                                      num_filter=w.shape[0], no_bias=True)
+                loss = mx.nd.mean(mx.nd.square(call.fn(f) - target))
+            loss.backward()
+            w = w - case["lr"] * w.grad
+            out.append((loss.asnumpy(), w.asnumpy()))
+        return out
 
     def null(self, call, inputs):
         mx, rois = self.mx, inputs["rois"]

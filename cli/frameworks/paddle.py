@@ -14,6 +14,7 @@ class Harness(Base):
     parity_claims = {op: (F32, F64) for op in OPS}
     native_text = "paddle.vision.ops roi_pool / roi_align / psroi_pool"
     parity_text = "paddle.vision.ops roi_pool / psroi_pool / roi_align vs roicore.adapters.paddle"
+    training_modes = ("eager", "to_static")  # to_static with full_graph=True: a static program
 
     def __init__(self, threads=None):
         super().__init__(threads)
@@ -63,6 +64,24 @@ class Harness(Base):
         y.backward(call.dy)
         # no gradient reached x (every bin empty): Paddle leaves grad unset
         return y, x.grad if x.grad is not None else self.paddle.zeros_like(x)
+
+    def train(self, call, case, dtype, mode):
+        paddle, t = self.paddle, self.paddle.to_tensor
+        images, target = t(case["images"].astype(dtype)), t(case["target"].astype(dtype))
+        w, out = t(case["weight"].astype(dtype)), []
+
+        def loss_of(w):
+            f = paddle.nn.functional.conv2d(images, w, padding=1)
+            return ((call.fn(f) - target) ** 2).mean()
+        if mode == "to_static":
+            loss_of = paddle.jit.to_static(loss_of, full_graph=True)
+        for _ in range(case["steps"]):
+            w.stop_gradient = False
+            loss = loss_of(w)
+            loss.backward()
+            w = (w - case["lr"] * w.grad).detach()
+            out.append((loss.numpy(), w.numpy()))
+        return out
 
     def null(self, call, inputs):
         y_ready, dx_ready = call.dy, call.x

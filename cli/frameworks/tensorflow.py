@@ -24,6 +24,7 @@ class Harness(Base):
     native_text = ("roi_pool_bilinear: crop_and_resize; roi_pool: its usual approximation, "
                    "crop_and_resize to 2P x 2P + 2x2 max-pool (both NHWC)")
     parity_text = "tf.image.crop_and_resize vs roicore.adapters.tf roi_pool(method='bilinear')"
+    training_modes = ("eager", "tf.function")
 
     def __init__(self, threads=None):
         super().__init__(threads)
@@ -111,6 +112,28 @@ class Harness(Base):
             tape.watch(call.x)
             y = call.fn(call.x)
         return y, tape.gradient(y, call.x, output_gradients=call.dy)
+
+    def train(self, call, case, dtype, mode):
+        tf, nhwc = self.tf, call.layout == "NHWC"
+        images = tf.constant(case["images"].transpose(0, 2, 3, 1).astype(dtype))
+        target = case["target"].astype(dtype)
+        target = tf.constant(target.transpose(0, 2, 3, 1) if nhwc else target)
+
+        def step(w):
+            with tf.GradientTape() as tape:
+                tape.watch(w)
+                f = tf.nn.conv2d(images, w, 1, "SAME")        # NHWC: TF's CPU convolution
+                y = call.fn(f if nhwc else tf.transpose(f, (0, 3, 1, 2)))
+                loss = tf.reduce_mean(tf.square(y - target))
+            return loss, w - case["lr"] * tape.gradient(loss, w)
+        if mode == "tf.function":
+            step = tf.function(step)
+        w = tf.constant(case["weight"].transpose(2, 3, 1, 0).astype(dtype))   # HWIO
+        out = []
+        for _ in range(case["steps"]):
+            loss, w = step(w)
+            out.append((loss.numpy(), w.numpy().transpose(3, 2, 0, 1)))
+        return out
 
     def null(self, call, inputs):
         tf = self.tf

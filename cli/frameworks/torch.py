@@ -18,6 +18,7 @@ class Harness(Base):
     native_text = "torchvision.ops roi_pool / roi_align / ps_roi_pool / ps_roi_align"
     parity_text = ("torchvision.ops roi_pool / roi_align / ps_roi_pool / ps_roi_align vs "
                    "roicore.adapters.torch")
+    training_modes = ("eager",)
 
     def __init__(self, threads=None):
         super().__init__(threads)
@@ -71,6 +72,20 @@ class Harness(Base):
         y.backward(call.dy)
         # no gradient reached x (no boxes): torch leaves grad unset
         return y.detach(), x.grad if x.grad is not None else self.torch.zeros_like(x)
+
+    def train(self, call, case, dtype, mode):
+        torch = self.torch
+        images, target = (torch.from_numpy(case[k].astype(dtype)) for k in ("images", "target"))
+        w, out = torch.from_numpy(case["weight"].astype(dtype)), []
+        for _ in range(case["steps"]):
+            w.requires_grad_(True)
+            f = torch.nn.functional.conv2d(images, w, padding=1)
+            loss = ((call.fn(f) - target) ** 2).mean()
+            loss.backward()
+            with torch.no_grad():
+                w = w - case["lr"] * w.grad
+            out.append((loss.detach().numpy(), w.numpy()))
+        return out
 
     def null(self, call, inputs):
         torch, y_ready, dx_ready = self.torch, call.dy, call.x

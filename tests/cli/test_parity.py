@@ -43,6 +43,18 @@ def test_parity_short_run(parity_run):
                 assert r["grad_mismatches"] == 0 and r["grad_elements"] > 0, r
     for name in skipped:
         assert "SKIPPED" in proc.stdout and name in proc.stdout
+    # training: a convolution trained through each op, native and roicore's, identical
+    modes = {"paddle": ("eager", "to_static"), "mxnet": ("eager",), "torch": ("eager",),
+             "tensorflow": ("eager", "tf.function"), "openvino": ()}
+    for fw in ran:
+        rows = {(r["operator"], r["dtype"], r["mode"]): r for r in report["training"]
+                if r["framework"] == fw}
+        assert set(rows) == {(op, dt, m) for op, dt in claims[fw] for m in modes[fw]}, fw
+        for r in rows.values():
+            assert r["ok"] and r["error"] is None and r["identical_steps"] == r["steps"] == 5, r
+            assert r["loss_max_abs_diff"] == r["weight_max_abs_diff"] == 0, r
+    if set(ran) - {"openvino"}:
+        assert "identical steps" in proc.stdout and "bit-identical" in proc.stdout
     # conventions table: roicore alone, shows the known disagreements
     conv = {(c["operator"], c["dtype"], c["a"], c["b"]): c for c in report["conventions"]}
     assert conv[("roi_pool", "float64", "mxnet", "paddle")]["mismatches"] > 0   # float32 bins
@@ -110,3 +122,10 @@ def test_parity_fails_when_an_adapter_departs(fault, tmp_path):
     if ":" in fault:
         assert {r["operator"] for r in bad} == {"roi_pool"}
     assert all(r["max_abs_diff"] > 0 for r in bad)
+    # the training runs with the faulty op depart from the native ones at their first step
+    trained = [r for r in report["training"] if r["framework"] == fw]
+    assert all(not r["ok"] and r["identical_steps"] == 0 and r["loss_max_abs_diff"] > 0
+               for r in trained), trained
+    assert bool(trained) == (fw != "openvino")
+    if trained:
+        assert "DEPARTS at step 1" in proc.stdout
