@@ -7,6 +7,7 @@ itself; for RoI max pooling the bench times the usual stand-in, ``crop_and_resiz
 from __future__ import annotations
 
 import os
+import tempfile
 
 import numpy as np
 
@@ -24,7 +25,7 @@ class Harness(Base):
     native_text = ("roi_pool_bilinear: crop_and_resize; roi_pool: its usual approximation, "
                    "crop_and_resize to 2P x 2P + 2x2 max-pool (both NHWC)")
     parity_text = "tf.image.crop_and_resize vs roicore.adapters.tf roi_pool(method='bilinear')"
-    training_modes = ("eager", "tf.function")
+    training_modes = ("eager", "tf.function", "SavedModel")
 
     def __init__(self, threads=None):
         super().__init__(threads)
@@ -126,9 +127,15 @@ class Harness(Base):
                 y = call.fn(f if nhwc else tf.transpose(f, (0, 3, 1, 2)))
                 loss = tf.reduce_mean(tf.square(y - target))
             return loss, w - case["lr"] * tape.gradient(loss, w)
+        w = tf.constant(case["weight"].transpose(2, 3, 1, 0).astype(dtype))   # HWIO
         if mode == "tf.function":
             step = tf.function(step)
-        w = tf.constant(case["weight"].transpose(2, 3, 1, 0).astype(dtype))   # HWIO
+        elif mode == "SavedModel":   # the step saved, then run as loaded
+            module = tf.Module()
+            module.step = tf.function(step, input_signature=[tf.TensorSpec(w.shape, w.dtype)])
+            with tempfile.TemporaryDirectory() as where:
+                tf.saved_model.save(module, where)
+                step = tf.saved_model.load(where).step
         out = []
         for _ in range(case["steps"]):
             loss, w = step(w)

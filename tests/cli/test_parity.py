@@ -45,7 +45,7 @@ def test_parity_short_run(parity_run):
         assert "SKIPPED" in proc.stdout and name in proc.stdout
     # training: a convolution trained through each op, native and roicore's, identical
     modes = {"paddle": ("eager", "to_static"), "mxnet": ("eager",), "torch": ("eager",),
-             "tensorflow": ("eager", "tf.function"), "openvino": ()}
+             "tensorflow": ("eager", "tf.function", "SavedModel"), "openvino": ()}
     for fw in ran:
         rows = {(r["operator"], r["dtype"], r["mode"]): r for r in report["training"]
                 if r["framework"] == fw}
