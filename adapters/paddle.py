@@ -25,8 +25,10 @@ Two ways to compute, one set of numbers:
   ``paddle.jit.save`` / ``paddle.jit.load`` and ``paddle.inference`` predictors.  A process
   that loads a saved model holding them calls :func:`load_library` first.
 * **The NumPy path** (``roicore.core`` through ``paddle.autograd.PyLayer``, dygraph only):
-  for tensors off the host, and in dygraph when the operators cannot be built (a
-  ``RuntimeWarning`` says why, once) or ``ROICORE_NATIVE_OPS=0`` turns them off.
+  for outputs of 32 MiB or more (``roicore.core`` reuses freed outputs of that size, where
+  Paddle's allocator maps fresh memory for every call), for tensors off the host, and when
+  the operators cannot be built (a ``RuntimeWarning`` says why, once) or
+  ``ROICORE_NATIVE_OPS=0`` turns them off.
 
 Gradients flow to ``x``; ``boxes`` and ``boxes_num`` get none, as in Paddle.  When no
 gradient can be asked for (``x.stop_gradient`` or under ``paddle.no_grad()``),
@@ -54,7 +56,7 @@ import warnings
 import numpy as np
 
 from roicore import core
-from roicore.core import _validate, conventions
+from roicore.core import _memory, _validate, conventions
 from roicore.core._binding import rules_codes
 
 from ._common import batch_indices_from_counts, off_host, require
@@ -231,12 +233,16 @@ def _check_tensors(op, x, boxes, boxes_num):
                          f"{list(boxes_num.shape)}")
 
 
-def _native_route(op, x, boxes, boxes_num):
-    """Check the tensors; True to compute with the operators, False for the NumPy path."""
+def _native_route(op, x, boxes, boxes_num, out_per_box):
+    """Check the tensors; True to compute with the operators, False for the NumPy path.
+    ``out_per_box``: output elements per box."""
     _check_tensors(op, x, boxes, boxes_num)
     if paddle.in_dynamic_mode():
         on_host = _check_places(op, x=x, boxes=boxes, boxes_num=boxes_num)
-        return on_host and _operators() is not None
+        # Large outputs take the NumPy path: roicore.core reuses freed outputs of that size,
+        # where Paddle's CPU allocator maps (and the kernel zero-fills) fresh pages each call.
+        large = boxes.shape[0] * out_per_box * x.element_size() >= _memory.MIN_BYTES
+        return on_host and not large and _operators() is not None
     if _operators() is None:
         raise RuntimeError(f"roicore.adapters.paddle.{op} in a static program or to_static "
                            f"needs roicore's Paddle operators, which are unavailable: "
@@ -346,7 +352,7 @@ def _roi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, *, n_threads=
     """out, or (out, argmax) with ``return_argmax``: argmax is int64 ``h*W + w`` per plane, -1
     for empty bins, as Paddle's ``Argmax`` output (used by the legacy fluid API)."""
     ph, pw, scale, threads = _attrs(op, output_size, spatial_scale, n_threads)
-    if _native_route(op, x, boxes, boxes_num):
+    if _native_route(op, x, boxes, boxes_num, x.shape[1] * ph * pw):
         with_argmax = return_argmax or _needs_grad(x)
         out, argmax = _run("roi_pool", {"X": x, "Boxes": boxes, "BoxesNum": boxes_num},
                            {"rules": _RULES["roi_pool"], "pooled_height": ph,
@@ -368,7 +374,7 @@ def _psroi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, output_chan
                 n_threads=None, op="psroi_pool"):
     """PS-RoI pooling; ``output_channels`` None takes C / (h * w)."""
     ph, pw, scale, threads = _attrs(op, output_size, spatial_scale, n_threads)
-    if _native_route(op, x, boxes, boxes_num):
+    if _native_route(op, x, boxes, boxes_num, x.shape[1]):
         return _run("psroi_pool", {"X": x, "Boxes": boxes, "BoxesNum": boxes_num},
                     {"rules": _RULES["psroi_pool"], "pooled_height": ph, "pooled_width": pw,
                      "output_channels": -1 if output_channels is None else output_channels,
@@ -386,7 +392,7 @@ def _roi_align(x, boxes, boxes_num, output_size, spatial_scale, sampling_ratio, 
     ph, pw, scale, threads = _attrs(op, output_size, spatial_scale, n_threads)
     sampling_ratio = _validate.sampling_ratio(sampling_ratio)
     aligned = _validate.flag(aligned, "aligned")
-    if _native_route(op, x, boxes, boxes_num):
+    if _native_route(op, x, boxes, boxes_num, x.shape[1] * ph * pw):
         return _run("roi_align", {"X": x, "Boxes": boxes, "BoxesNum": boxes_num},
                     {"rules": _RULES["roi_align"], "pooled_height": ph, "pooled_width": pw,
                      "spatial_scale": scale, "sampling_ratio": sampling_ratio,
