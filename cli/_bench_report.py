@@ -185,7 +185,9 @@ def _compare_notes(report):
         if i["status"] == "ran" or i.get("version"):
             out.append(Text(f"  {n}: {harness_class(n).native_text}"))
         if i["status"] != "ran":
-            out.append(Text(f"  {n}: {i['status'].upper()}: {str(i['reason']).strip().splitlines()[0]}"))
+            at = f" at {i['workload']}" if i.get("workload") else ""
+            out.append(Text(f"  {n}: {i['status'].upper()}{at}: "
+                            f"{str(i['reason']).strip().splitlines()[0]}"))
     out += _errors(report)
     conv = ", ".join(f"{c} ({op})" for op, c in report["default_conventions"].items())
     out.append(Note("roi_align: sampling_ratio 2, aligned=True; roi_pool_bilinear: the same "
@@ -365,8 +367,8 @@ def stamp(report):
     vers = [f"roicore {env['roicore']}", f"numpy {env['numpy']}", f"python {env['python']}"]
     vers += [f"{n} {i['version']}" for n, i in report["frameworks"].items()
              if n != "roicore" and i.get("version")]
-    not_run = [f"{n} ({i['status']})" for n, i in report["frameworks"].items()
-               if i["status"] != "ran"]
+    not_run = [f"{n} ({i['status']}" + (f" at {i['workload']}" if i.get("workload") else "")
+               + ")" for n, i in report["frameworks"].items() if i["status"] != "ran"]
     lines = ["# roicore bench", "",
              f"- date: {report['date']}",
              f"- machine: {machine(env)}; {env['platform']}",
@@ -375,7 +377,7 @@ def stamp(report):
              f"- threads: {', '.join(map(str, report['thread_counts']))}; rounds: "
              f"{report['repeats']}; workload scale: {report['scale']:g}"]
     if not_run:
-        lines.append(f"- not run: {', '.join(not_run)}")
+        lines.append(f"- not run, or not to the end: {', '.join(not_run)}")
     return "\n".join(lines) + "\n\n"
 
 

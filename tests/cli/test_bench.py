@@ -342,6 +342,20 @@ def test_a_failed_roicore_contender_fails_the_run_a_failed_native_does_not():
     assert failed(report)
 
 
+def test_a_worker_that_dies_is_named_with_the_workload_it_died_on():
+    from roicore.cli import _bench_report
+    from roicore.cli._report import render_text
+    report = synthetic_report([], frameworks=("paddle", "mxnet"))
+    report.update(date="2026-01-01", command_line="roicore bench")
+    report["environment"]["platform"] = "Linux"
+    report["frameworks"]["paddle"].update(status="failed", workload="c4_14x14",
+                                          reason="paddle worker died (exit code -9)")
+    assert "- not run, or not to the end: paddle (failed at c4_14x14)" in \
+        _bench_report.stamp(report)
+    assert "paddle: FAILED at c4_14x14: paddle worker died (exit code -9)" in \
+        render_text(_bench_report.blocks(report))
+
+
 # ----------------------------------------------------------------------------- --compare
 def test_compare_flags_only_rows_beyond_both_runs_noise_and_the_threshold():
     from roicore.cli import _compare
