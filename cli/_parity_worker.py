@@ -41,6 +41,19 @@ def _compare_case(harness, case, dtype, rec):
     if dy is None or dy.shape != _output_shape(case):
         dy = np.random.default_rng(case["seed"]).standard_normal(_output_shape(case))
     dy = np.ascontiguousarray(dy.astype(dtype))
+
+    def run(which, call):
+        got = _run(harness, call)
+        if which == "roicore" and _fault(harness.name, case["op"]) and got["y"].size:
+            got["y"] = got["y"].copy()   # one ulp off in one element
+            got["y"].flat[0] = np.nextafter(got["y"].flat[0], got["y"].dtype.type(np.inf))
+        return got
+    _on_both_sides(harness, case, dtype, dy, rec, run)
+
+
+def _on_both_sides(harness, case, dtype, dy, rec, run):
+    """Fill ``rec["native"]`` and ``rec["roicore"]`` with ``run(which, call)`` of the native
+    op and of roicore's counterpart, bound to the case's inputs, or with the error raised."""
     try:
         inputs = harness.inputs(case, dtype, dy)
     except Exception as e:
@@ -54,11 +67,7 @@ def _compare_case(harness, case, dtype, rec):
                 layout = call.layout
             else:   # in the native op's layout: like is compared with like
                 call = harness.roicore(case, inputs, layout)
-            got = _run(harness, call)
-            if which == "roicore" and _fault(harness.name, case["op"]) and got["y"].size:
-                got["y"] = got["y"].copy()   # one ulp off in one element
-                got["y"].flat[0] = np.nextafter(got["y"].flat[0], got["y"].dtype.type(np.inf))
-            rec[which] = got
+            rec[which] = run(which, call)
         except Exception as e:
             rec[which] = dict(error=error_text(e))
 
@@ -116,24 +125,11 @@ def training(harness, msg):
 
 
 def _train_both(harness, case, dtype, mode, rec):
-    try:
-        inputs = harness.inputs(case, dtype, np.ascontiguousarray(case["target"], dtype))
-    except Exception as e:
-        rec["native"] = rec["roicore"] = dict(error=error_text(e))
-        return
-    layout = "NCHW"
-    for which in ("native", "roicore"):
-        try:
-            if which == "native":
-                call = harness.native(case, inputs)
-                layout = call.layout
-            else:
-                call = harness.roicore(case, inputs, layout)
-                if _fault(harness.name, case["op"]):   # a relative 2**-20 off, every call
-                    fn = call.fn
-                    call = dataclasses.replace(call, fn=lambda x: fn(x) * (1 + 2 ** -20))
-            steps = harness.train(call, case, dtype, mode)
-            rec[which] = dict(loss=np.concatenate([np.ravel(l) for l, _ in steps]),
-                              weight=np.stack([w for _, w in steps]))
-        except Exception as e:
-            rec[which] = dict(error=error_text(e))
+    def run(which, call):
+        if which == "roicore" and _fault(harness.name, case["op"]):   # 2**-20 off, every call
+            fn = call.fn
+            call = dataclasses.replace(call, fn=lambda x: fn(x) * (1 + 2 ** -20))
+        steps = harness.train(call, case, dtype, mode)
+        return dict(loss=np.concatenate([np.ravel(l) for l, _ in steps]),
+                    weight=np.stack([w for _, w in steps]))
+    _on_both_sides(harness, case, dtype, np.ascontiguousarray(case["target"], dtype), rec, run)
