@@ -110,7 +110,9 @@ class BuildExt(build_ext):
         for ext in self.extensions:
             ext.extra_compile_args = [f for f in c_flags if f not in ("-std=c11", "-fvisibility=hidden")] \
                 + compile_omp
-            ext.extra_link_args = link_omp
+            # LDFLAGS again: older setuptools (65, as a fresh Python 3.11 venv has) leave them
+            # off the extension's link, which drops a -fsanitize runtime
+            ext.extra_link_args = link_omp + shlex.split(os.environ.get("LDFLAGS", ""))
             ext.library_dirs = [lib_dir]
             ext.libraries = ["roicore"]
             ext.depends = C_SOURCES + glob.glob("core/csrc/*.h")
