@@ -162,7 +162,9 @@ def test_ctrl_c_stops_a_long_call_within_a_second():
     lines = out.splitlines()
     assert proc.returncode == 0, err
     assert lines[0].startswith("interrupted"), out
-    assert float(lines[0].split()[1]) - sent < 1.0
+    # within a second; the sanitizer build's tasks (libasan preloaded) run several times slower
+    limit = 5.0 if "libasan" in os.environ.get("LD_PRELOAD", "") else 1.0
+    assert float(lines[0].split()[1]) - sent < limit
     assert lines[1] == "[7.0, 9.0, 19.0, 21.0]"  # and the next call is right
 
 
