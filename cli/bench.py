@@ -167,7 +167,6 @@ def _measure(workers, fw_info, p):
     marked failed in ``fw_info``.
     """
     rows, errors = [], []
-    current = {}
 
     def died(n, exc):
         """A worker that dies (crash, out-of-memory kill) is reported; the others go on."""
@@ -177,11 +176,10 @@ def _measure(workers, fw_info, p):
         why = str(exc)
         if "exit code -9" in why:
             why += " (SIGKILL: out of memory?)"
-        fw_info[n].update(status="failed", reason=why, workload=current.get("workload"))
+        fw_info[n].update(status="failed", reason=why, workload=wl)   # the workload loaded
         log(f"{n}: worker died: {why.splitlines()[0]}")
 
     for wl in p.workloads:
-        current["workload"] = wl
         wl_ops = [op for op in WL.OPS_FOR[WL.shape(wl)[6]] if op in p.ops]
         if not wl_ops or "roicore" not in workers:
             continue

@@ -33,21 +33,16 @@ def _run_framework(fw, cases, dtypes, out, training=()):
             out[fw] = dict(status="failed", reason=init["error"])
             return
         log(f"{fw} {init['version']}: running")
-        res = w.request(dict(cmd="parity", cases=cases, dtypes=dtypes))
-        if "error" in res:
-            out[fw] = dict(status="failed", version=init["version"],
-                           reason=res["error"] + "\n" + res.get("traceback", ""))
-            return
-        trained = []
-        if training:
-            res_t = w.request(dict(cmd="training", cases=list(training), dtypes=dtypes))
-            if "error" in res_t:
+        results = {}
+        for cmd, todo in (("parity", cases), ("training", list(training))):
+            res = w.request(dict(cmd=cmd, cases=todo, dtypes=dtypes)) if todo else {}
+            if "error" in res:
                 out[fw] = dict(status="failed", version=init["version"],
-                               reason=res_t["error"] + "\n" + res_t.get("traceback", ""))
+                               reason=res["error"] + "\n" + res.get("traceback", ""))
                 return
-            trained = res_t["results"]
-        out[fw] = dict(status="ran", version=init["version"], results=res["results"],
-                       training=trained, seconds=round(time.monotonic() - t0, 1))
+            results[cmd] = res.get("results", [])
+        out[fw] = dict(status="ran", version=init["version"], results=results["parity"],
+                       training=results["training"], seconds=round(time.monotonic() - t0, 1))
         log(f"{fw}: done in {time.monotonic() - t0:.1f} s")
     except WorkerDied as e:
         out[fw] = dict(status="failed", reason=str(e))
