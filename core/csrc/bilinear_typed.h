@@ -25,7 +25,6 @@ static T TYPED(crop_coord)(T lo, T hi, int64_t size, int64_t P, int64_t p, int p
 typedef struct {
     const T *ys, *xs;  /* sample rows (K, PH) and columns (K, PW) */
     int64_t H, W, PH, PW;
-    int fused;
     int nearest;  /* the pixel at round() of the sample (crop_and_resize "nearest") */
     T fill;
 } CROP_OP;
@@ -35,17 +34,18 @@ typedef struct {
 ROICORE_INLINE VT TYPED(lerp)(VT a, VT b, T t, int fused) {
     if (!fused) return a + (b - a) * t;
     VT r, d = b - a;
-    for (int i = 0; i < LANES; ++i) r[i] = sizeof(T) == 4 ? (T)fmaf((float)d[i], (float)t, (float)a[i])
-                                                          : (T)fma((double)d[i], (double)t, (double)a[i]);
+    for (int i = 0; i < LANES; ++i)
+        r[i] = sizeof(T) == 4 ? (T)__builtin_fmaf((float)d[i], (float)t, (float)a[i])
+                              : (T)__builtin_fma((double)d[i], (double)t, (double)a[i]);
     return r;
 }
 
 /* Whether sample (y, x) lies on the map; NaN does not. */
 ROICORE_INLINE int TYPED(inside)(T v, int64_t size) { return v >= 0 && v <= (T)(size - 1); }
 
-ROICORE_CLONES static void TYPED(crop_task)(const void *opv, FWD_TASK *t) {
+/* One forward task; `fused` is a constant in each caller, so each compiles its own lerp. */
+ROICORE_INLINE void TYPED(crop_rows)(const CROP_OP *op, FWD_TASK *t, const int fused) {
     typedef VT VTu __attribute__((aligned(sizeof(T))));
-    const CROP_OP *op = (const CROP_OP *)opv;
     const int64_t PW = op->PW, W = op->W, lanes = t->lanes, nv = lanes / LANES;
     for (int64_t ph = t->p0 / PW; ph <= (t->p1 - 1) / PW; ++ph) {
         roicore_pending_step_all(t->pend, t->npend);
@@ -74,13 +74,22 @@ ROICORE_CLONES static void TYPED(crop_task)(const void *opv, FWD_TASK *t) {
             const VTu *c = (const VTu *)(t->img + (bottom * W + left) * lanes);
             const VTu *d = (const VTu *)(t->img + (bottom * W + right) * lanes);
             for (int64_t q = 0; q < nv; ++q) {
-                const VT upper = TYPED(lerp)(a[q], b[q], lx, op->fused);
-                const VT lower = TYPED(lerp)(c[q], d[q], lx, op->fused);
-                out[q] = TYPED(lerp)(upper, lower, ly, op->fused);
+                const VT upper = TYPED(lerp)(a[q], b[q], lx, fused);
+                const VT lower = TYPED(lerp)(c[q], d[q], lx, fused);
+                out[q] = TYPED(lerp)(upper, lower, ly, fused);
             }
         }
     }
     roicore_pending_finish_all(t->pend, t->npend);
+}
+
+ROICORE_CLONES static void TYPED(crop_task)(const void *op, FWD_TASK *t) {
+    TYPED(crop_rows)((const CROP_OP *)op, t, 0);
+}
+
+/* OpenVINO's CPU plugin rounds each lerp once: the FMA copy keeps that in vectors. */
+ROICORE_FMA_CLONES static void TYPED(crop_task_fused)(const void *op, FWD_TASK *t) {
+    TYPED(crop_rows)((const CROP_OP *)op, t, 1);
 }
 
 /* The adjoint in TF CropAndResizeGradImage's arithmetic and order: per sample on the map,
@@ -143,7 +152,7 @@ static int TYPED(crop_run)(int forward, int nearest, const roicore_bilinear_pool
         for (int64_t p = 0; p < PW; ++p)
             xs[k * PW + p] = TYPED(crop_coord)(c[4 * k + 0], c[4 * k + 2], map->w, PW, p, rules->pin_last);
     }
-    const CROP_OP op = {ys, xs, map->h, map->w, PH, PW, rules->fused_lerp, nearest, (T)fill};
+    const CROP_OP op = {ys, xs, map->h, map->w, PH, PW, nearest, (T)fill};
     int rc;
     if (forward) {
         /* the rectangle each image's samples read: below 8192 boxes (one thread's tables) */
@@ -167,7 +176,8 @@ static int TYPED(crop_run)(int forward, int nearest, const roicore_bilinear_pool
             }
         }
         const FWD_JOB job = {map, pooled, boxes->batch, NULL, ROICORE_INT32, 0,
-                             regions ? region : NULL, &op, TYPED(crop_task)};
+                             regions ? region : NULL, &op,
+                             rules->fused_lerp ? TYPED(crop_task_fused) : TYPED(crop_task)};
         rc = ROICORE_CAT(roicore_blocked_forward, SFX)(&job, run, err);
     } else {
         const BWD_JOB job = {pooled, map, boxes->batch, &op, TYPED(crop_grad_task)};

@@ -36,8 +36,13 @@ static inline int omp_get_max_threads(void) { return 1; }
 #define ROICORE_X86_DISPATCH 1
 #define ROICORE_CLONES __attribute__((target_clones("avx2", "default")))
 #define ROICORE_AVX2 __attribute__((target("avx2")))
+/* For kernels that call fma()/fmaf() on purpose: a copy for CPUs with the FMA instruction,
+ * where the calls become vector instructions, and the baseline, where they stay library
+ * calls; both round once, so both give the same bits. */
+#define ROICORE_FMA_CLONES __attribute__((target_clones("fma", "default")))
 #else
 #define ROICORE_CLONES
+#define ROICORE_FMA_CLONES
 #endif
 
 #ifdef ROICORE_X86_DISPATCH
