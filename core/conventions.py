@@ -51,7 +51,8 @@ class MaxPoolRules:
         torchvision), ``"global"`` is the flat index into the whole input (MXNet). Empty
         bins always give -1.
     argmax_dtype
-        ``"int32"`` or ``"int64"``, as the framework stores it.
+        ``"int32"`` or ``"int64"``, as the framework stores it (OpenVINO stores none: its
+        conventions take int32, half the memory traffic of int64 for the backward).
     scale_product
         Precision of ``x * spatial_scale`` before rounding: ``"input"`` (every framework's
         reference kernel) or ``"float64"`` (OpenVINO's CPU plugin, where 3.5714285f * 0.7f
@@ -162,8 +163,8 @@ MAX_POOL = {
     "mxnet": MaxPoolRules("input", "float32", "-FLT_MAX", "greater", "global", "int32"),
     "paddle": MaxPoolRules("float32", "float32", "lowest", "greater", "plane", "int64"),
     "torchvision": MaxPoolRules("input", "input", "-FLT_MAX", "greater", "plane", "int32"),
-    "openvino": MaxPoolRules("input", "float32", "lowest", "std_max", "plane", "int64"),
-    "openvino_cpu": MaxPoolRules("exact", "float32", "first", "greater", "plane", "int64",
+    "openvino": MaxPoolRules("input", "float32", "lowest", "std_max", "plane", "int32"),
+    "openvino_cpu": MaxPoolRules("exact", "float32", "first", "greater", "plane", "int32",
                                  scale_product="float64"),
 }
 
