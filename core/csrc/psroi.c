@@ -1,40 +1,43 @@
-/* Position-sensitive RoI average pooling, forward and backward: R-FCN's formula
- * (psroi_typed.h) and torchvision's (psroi_torchvision_typed.h), each written once for both
- * dtypes. */
+/* Position-sensitive RoI average pooling, forward and backward, with R-FCN's bins or
+ * torchvision's (psroi_typed.h, written once for both dtypes). */
 #include "checks.h"
 #include "simd.h"
+
+/* The bin formulas: R-FCN's, and torchvision's, whose backward bins differ from its
+ * forward ones. */
+enum { PS_BINS_RFCN, PS_BINS_TORCHVISION_FORWARD, PS_BINS_TORCHVISION_BACKWARD };
 
 /* A plan's sizes and its tables (box bin edges, group ranges) in one allocation; the box
  * tables are filled by the kernel's threads. */
 typedef struct {
     int64_t K, PH, PW, GH, GW, D, S;
+    int bins;
     int64_t *tables;
 } plan_sizes;
 
 #define ROICORE_TYPED "psroi_typed.h"
 #include "dtypes.h"
-#define ROICORE_TYPED "psroi_torchvision_typed.h"
-#include "dtypes.h"
 
-/* torchvision's bins: the group is the pooled size, and nothing needs a plan. */
-static int check_torchvision(const roicore_tensor *map, const roicore_tensor *pooled,
-                             int64_t group_h, int64_t group_w, roicore_error *err) {
-    if (group_h != pooled->h || group_w != pooled->w)
+/* The plan for the rules' formula (torchvision's takes the pooled size as its group). */
+static int make_plan(const roicore_psroi_pool_rules *rules, int backward,
+                     const roicore_tensor *map, const roicore_tensor *pooled,
+                     const roicore_boxes *boxes, int64_t GH, int64_t GW, plan_sizes *ps,
+                     roicore_error *err) {
+    const int64_t K = boxes->k, PH = pooled->h, PW = pooled->w, D = pooled->c;
+    const int torchvision = rules->formula == ROICORE_PSROI_FORMULA_TORCHVISION;
+    if (torchvision && (GH != PH || GW != PW))
         return roicore_fail(err, ROICORE_ERR_ARGUMENT,
                             "torchvision's PS-RoI formula takes the pooled size %lld x %lld as its "
-                            "group size, got %lld x %lld", (long long)pooled->h,
-                            (long long)pooled->w, (long long)group_h, (long long)group_w);
-    return roicore_check_ps_channels(map, pooled->c, group_h, group_w, err);
-}
-
-static int make_plan(const roicore_tensor *map, const roicore_tensor *pooled, const roicore_boxes *boxes,
-                     int64_t GH, int64_t GW, plan_sizes *ps, roicore_error *err) {
-    const int64_t K = boxes->k, PH = pooled->h, PW = pooled->w, D = pooled->c;
+                            "group size, got %lld x %lld", (long long)PH, (long long)PW,
+                            (long long)GH, (long long)GW);
     const int rc = roicore_check_ps_channels(map, D, GH, GW, err);
     if (rc) return rc;
     const int64_t n = roicore_mul(K, 2 * (PH + PW));
     ps->tables = n < 0 ? NULL : (int64_t *)roicore_scratch((n + 2 * (GH + GW)) * 8, "PS-RoI bin tables", err);
     if (!ps->tables) return err ? err->code : ROICORE_ERR_MEMORY;
+    ps->bins = !torchvision ? PS_BINS_RFCN
+               : backward   ? PS_BINS_TORCHVISION_BACKWARD
+                            : PS_BINS_TORCHVISION_FORWARD;
     ps->K = K;
     ps->PH = PH;
     ps->PW = PW;
@@ -56,16 +59,8 @@ int roicore_psroi_pool_forward(const roicore_psroi_pool_rules *rules, const roic
         (rc = roicore_held_scale(spatial_scale, rules->scale_precision, x->dtype, &scale, err)) ||
         (rc = roicore_check_coord_range(boxes, x->dtype, scale, scale, err)))
         return rc;
-    if (rules->formula == ROICORE_PSROI_FORMULA_TORCHVISION) {
-        if ((rc = check_torchvision(x, out, group_h, group_w, err))) return rc;
-        if (boxes->k == 0 || out->c == 0) return ROICORE_OK;
-        roicore_run run;
-        roicore_run_init(&run, exec);
-        return x->dtype == ROICORE_FLOAT32 ? tv_forward_f32(x, boxes, scale, out, &run, err)
-                                           : tv_forward_f64(x, boxes, scale, out, &run, err);
-    }
     plan_sizes ps;
-    if ((rc = make_plan(x, out, boxes, group_h, group_w, &ps, err))) return rc;
+    if ((rc = make_plan(rules, 0, x, out, boxes, group_h, group_w, &ps, err))) return rc;
     if (boxes->k > 0 && out->c > 0) {
         roicore_run run;
         roicore_run_init(&run, exec);
@@ -96,15 +91,8 @@ int roicore_psroi_pool_backward(const roicore_psroi_pool_rules *rules,
         (rc = roicore_held_scale(spatial_scale, rules->scale_precision, dx->dtype, &scale, err)) ||
         (rc = roicore_check_coord_range(boxes, dx->dtype, scale, scale, err)))
         return rc;
-    if (rules->formula == ROICORE_PSROI_FORMULA_TORCHVISION) {
-        if ((rc = check_torchvision(dx, g, group_h, group_w, err))) return rc;
-        roicore_run run;
-        roicore_run_init(&run, exec);
-        return dx->dtype == ROICORE_FLOAT32 ? tv_backward_f32(g, boxes, scale, dx, &run, err)
-                                            : tv_backward_f64(g, boxes, scale, dx, &run, err);
-    }
     plan_sizes ps;
-    if ((rc = make_plan(dx, g, boxes, group_h, group_w, &ps, err))) return rc;
+    if ((rc = make_plan(rules, 1, dx, g, boxes, group_h, group_w, &ps, err))) return rc;
     if (boxes->k == 0 || g->c == 0) {
         memset(dx->data, 0, (size_t)roicore_tensor_bytes(dx));  /* nothing to add */
     } else {

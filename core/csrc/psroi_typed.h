@@ -1,5 +1,6 @@
-/* Position-sensitive RoI pooling (R-FCN) for element type T; psroi.c includes this once per
- * dtype with T, SFX, VT and LANES defined.
+/* Position-sensitive RoI pooling for element type T; psroi.c includes this once per dtype
+ * with T, SFX, VT and LANES defined.  Two bin formulas, R-FCN's (MXNet, Paddle) and
+ * torchvision's, fill the same bin tables; one kernel pools and one adds the gradient.
  *
  * Both passes run one group cell g = (gh, gw) per task.  The D input channels of a cell,
  * d*GH*GW + g, share every bin's rows and columns, so the task first gathers them into a
@@ -33,6 +34,23 @@ static void TYPED(float_roi_bins)(T lo, T hi, T scale, int64_t P, int64_t size, 
     }
 }
 
+/* torchvision's bins: RoI max pooling's integer bins without its +1.  The box is
+ * round(x*s) .. round(x2*s), at least one pixel, and bin p spans floor(p*bin) ..
+ * ceil((p+1)*bin) from the rounded start.  The forward clamps bins to [0, size - 1], so it
+ * never reads the last row or column; the backward clamps them to [0, size] and rounds the
+ * scaled coordinates in float32 (C roundf), so its bins can differ from the forward's. */
+static void TYPED(torchvision_bins)(T lo, T hi, T scale, int64_t P, int64_t size, int backward,
+                                    int64_t *start, int64_t *end) {
+    const int64_t a = backward ? (int64_t)roundf((float)(lo * scale)) : (int64_t)round(lo * scale);
+    const int64_t b = backward ? (int64_t)roundf((float)(hi * scale)) : (int64_t)round(hi * scale);
+    const int64_t last = backward ? size : size - 1;
+    const T bin = (T)roicore_max64(b - a, 1) / (T)P;
+    for (int64_t p = 0; p < P; ++p) {
+        start[p] = roicore_clamp64((int64_t)floor((T)p * bin) + a, 0, last);
+        end[p] = roicore_clamp64((int64_t)ceil((T)(p + 1) * bin) + a, 0, last);
+    }
+}
+
 /* For each group cell g the pooled cells p with floor(p * G / P) == g (clamped to the
  * groups; in the feature dtype, as MXNet computes it): [first[g], stop[g]). */
 static void TYPED(group_ranges)(int64_t G, int64_t P, int64_t *first, int64_t *stop) {
@@ -50,6 +68,7 @@ static void TYPED(group_ranges)(int64_t G, int64_t P, int64_t *first, int64_t *s
 
 typedef struct {
     int64_t K, PH, PW, GH, GW, D, S, M, H, W;
+    int bins;  /* PS_BINS_RFCN, or torchvision's for the forward or the backward */
     const int64_t *batch;
     int64_t *hs, *he, *ws, *we;  /* each box's bin edges: rows (K, PH), columns (K, PW) */
     int64_t *r0, *r1;            /* group row gh: pooled rows [r0[gh], r1[gh]) */
@@ -58,6 +77,7 @@ typedef struct {
 
 static void TYPED(init_plan)(PLAN *c, const plan_sizes *ps, const roicore_tensor *map,
                              const int64_t *batch) {
+    c->bins = ps->bins;
     c->K = ps->K;
     c->PH = ps->PH;
     c->PW = ps->PW;
@@ -234,10 +254,18 @@ static int TYPED(fill_tables)(PLAN *c, const roicore_boxes *boxes, T scale, int6
                 for (int64_t p = 0; p < c->PW; ++p) c->ws[k * c->PW + p] = c->we[k * c->PW + p] = 0;
                 continue;
             }
-            TYPED(float_roi_bins)(co[4 * k + 1], co[4 * k + 3], scale, c->PH, c->H,
-                                  c->hs + k * c->PH, c->he + k * c->PH);
-            TYPED(float_roi_bins)(co[4 * k + 0], co[4 * k + 2], scale, c->PW, c->W,
-                                  c->ws + k * c->PW, c->we + k * c->PW);
+            if (c->bins == PS_BINS_RFCN) {
+                TYPED(float_roi_bins)(co[4 * k + 1], co[4 * k + 3], scale, c->PH, c->H,
+                                      c->hs + k * c->PH, c->he + k * c->PH);
+                TYPED(float_roi_bins)(co[4 * k + 0], co[4 * k + 2], scale, c->PW, c->W,
+                                      c->ws + k * c->PW, c->we + k * c->PW);
+            } else {
+                const int backward = c->bins == PS_BINS_TORCHVISION_BACKWARD;
+                TYPED(torchvision_bins)(co[4 * k + 1], co[4 * k + 3], scale, c->PH, c->H, backward,
+                                        c->hs + k * c->PH, c->he + k * c->PH);
+                TYPED(torchvision_bins)(co[4 * k + 0], co[4 * k + 2], scale, c->PW, c->W, backward,
+                                        c->ws + k * c->PW, c->we + k * c->PW);
+            }
         }
         roicore_done(done);
     }
