@@ -64,6 +64,18 @@ int roicore_psroi_pool_forward(const roicore_psroi_pool_rules *rules, const roic
     if (boxes->k > 0 && out->c > 0) {
         roicore_run run;
         roicore_run_init(&run, exec);
+        /* an NHWC map is pooled from an NCHW copy: a cell's channels lie G apart in its rows */
+        roicore_tensor planes = *x;
+        if (x->layout == ROICORE_NHWC) {
+            planes.layout = ROICORE_NCHW;
+            planes.data = roicore_scratch(roicore_tensor_bytes(x), "the map's NCHW copy", err);
+            if (!planes.data) {
+                roicore_scratch_free(ps.tables);
+                return err ? err->code : ROICORE_ERR_MEMORY;
+            }
+            roicore_relayout(x, planes.data, run.n_threads);
+            x = &planes;
+        }
         if (x->dtype == ROICORE_FLOAT32) {
             ps_plan_f32 c;
             init_plan_f32(&c, &ps, x, boxes->batch);
@@ -73,6 +85,7 @@ int roicore_psroi_pool_forward(const roicore_psroi_pool_rules *rules, const roic
             init_plan_f64(&c, &ps, x, boxes->batch);
             rc = psroi_forward_f64(&c, x, boxes, scale, out, &run, err);
         }
+        if (x == &planes) roicore_scratch_free(planes.data);
     }
     roicore_scratch_free(ps.tables);
     return rc;
@@ -98,14 +111,28 @@ int roicore_psroi_pool_backward(const roicore_psroi_pool_rules *rules,
     } else {
         roicore_run run;
         roicore_run_init(&run, exec);
+        /* an NHWC gradient is added up in NCHW planes and moved into place at the end */
+        roicore_tensor planes = *dx;
+        if (dx->layout == ROICORE_NHWC) {
+            planes.layout = ROICORE_NCHW;
+            planes.data = roicore_scratch(roicore_tensor_bytes(dx), "the gradient's NCHW planes", err);
+            if (!planes.data) {
+                roicore_scratch_free(ps.tables);
+                return err ? err->code : ROICORE_ERR_MEMORY;
+            }
+        }
         if (dx->dtype == ROICORE_FLOAT32) {
             ps_plan_f32 c;
             init_plan_f32(&c, &ps, dx, boxes->batch);
-            rc = psroi_backward_f32(&c, g, boxes, (float)scale, dx, &run, err);
+            rc = psroi_backward_f32(&c, g, boxes, (float)scale, &planes, &run, err);
         } else {
             ps_plan_f64 c;
             init_plan_f64(&c, &ps, dx, boxes->batch);
-            rc = psroi_backward_f64(&c, g, boxes, scale, dx, &run, err);
+            rc = psroi_backward_f64(&c, g, boxes, scale, &planes, &run, err);
+        }
+        if (dx->layout == ROICORE_NHWC) {
+            if (!rc) roicore_relayout(&planes, dx->data, run.n_threads);
+            roicore_scratch_free(planes.data);
         }
     }
     roicore_scratch_free(ps.tables);

@@ -272,21 +272,13 @@ static int TYPED(fill_tables)(PLAN *c, const roicore_boxes *boxes, T scale, int6
     return roicore_await(done, (K + TABLE_RUN - 1) / TABLE_RUN, run);
 }
 
-/* Image n's D channels of cell g (d*G + g) as a (pixel, S) slab, padding lanes repeating
- * channel D - 1. */
+/* Image n's D channels of cell g (d*G + g) of an NCHW map as a (pixel, S) slab, padding
+ * lanes repeating channel D - 1. */
 static void TYPED(gather_slab)(const roicore_tensor *x, int64_t n, int64_t g, int64_t G,
                                int64_t D, int64_t S, T *slab) {
     const int64_t HW = x->h * x->w, C = x->c;
-    const T *data = (const T *)x->data;
-    if (x->layout == ROICORE_NCHW) {
-        ROICORE_CAT(roicore_transpose, SFX)(data + (n * C + g) * HW, G * HW, D, HW, slab, S,
-                                            ROICORE_PAD_ROWS);
-        return;
-    }
-    for (int64_t p = 0; p < HW; ++p) {
-        const T *px = data + (n * HW + p) * C + g;
-        for (int64_t d = 0; d < S; ++d) slab[p * S + d] = px[roicore_min64(d, D - 1) * G];
-    }
+    ROICORE_CAT(roicore_transpose, SFX)((const T *)x->data + (n * C + g) * HW, G * HW, D, HW,
+                                        slab, S, ROICORE_PAD_ROWS);
 }
 
 /* One box's pooled values, cell g's bins from src + g*cell_stride (rows of S), to out. */
@@ -396,16 +388,9 @@ static int TYPED(psroi_backward)(PLAN *c, const roicore_tensor *g, const roicore
                 if (roicore_stopping(run)) break;
                 memset(mine, 0, (size_t)(N * HW * S) * sizeof(T));
                 TYPED(cell_add)(c, cell, mine, HW * S, gd, D * P, g_d, g_bin, diff, run);
-                for (int64_t n = 0; n < N; ++n) {
-                    if (dx->layout == ROICORE_NCHW) {
-                        ROICORE_CAT(roicore_transpose, SFX)(mine + n * HW * S, S, HW, D,
-                                                            dxd + (n * C + cell) * HW, G * HW, 0);
-                    } else {
-                        for (int64_t p = 0; p < HW; ++p)
-                            for (int64_t d = 0; d < D; ++d)
-                                dxd[(n * HW + p) * C + d * G + cell] = mine[(n * HW + p) * S + d];
-                    }
-                }
+                for (int64_t n = 0; n < N; ++n)  /* dx is NCHW (psroi.c) */
+                    ROICORE_CAT(roicore_transpose, SFX)(mine + n * HW * S, S, HW, D,
+                                                        dxd + (n * C + cell) * HW, G * HW, 0);
             }
         }
         roicore_leave(left, run);

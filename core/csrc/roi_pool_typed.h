@@ -215,14 +215,11 @@ static int TYPED(max_backward)(const roicore_tensor *g, const void *argmax,
             }
         }
     }
-    if (!nchw_dx) {  /* blocks of 64 channels: whole cache lines of each NHWC row */
-        const int64_t n_blocks = (C + 63) / 64;
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t t = 0; t < N * n_blocks; ++t) {
-            const int64_t n = t / n_blocks, c0 = t % n_blocks * 64, nb = roicore_min64(64, C - c0);
-            ROICORE_CAT(roicore_transpose, SFX)(dd + (n * C + c0) * HW, HW, nb, HW,
-                                                (T *)dx->data + n * HW * C + c0, C, 0);
-        }
+    if (!nchw_dx) {
+        roicore_tensor planes = *dx;
+        planes.data = dd;
+        planes.layout = ROICORE_NCHW;
+        roicore_relayout(&planes, dx->data, nt);
     }
     roicore_scratch_free(scratch);
     *n_bad_out = n_bad;

@@ -60,6 +60,28 @@ void roicore_transpose_i32_i64(const int32_t *restrict in, int64_t in_stride, in
         for (int64_t i = 0; i < R; ++i) out[j0 * out_stride + i] = in[i * in_stride + j0];
 }
 
+void roicore_relayout(const roicore_tensor *src, void *dst, int n_threads) {
+    const int64_t N = src->n, C = src->c, HW = src->h * src->w, n_blocks = (C + 63) / 64;
+    const int to_nchw = src->layout == ROICORE_NHWC;
+    (void)n_threads;  /* without OpenMP */
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (int64_t t = 0; t < N * n_blocks; ++t) {
+        const int64_t n = t / n_blocks, c0 = t % n_blocks * 64, nb = roicore_min64(64, C - c0);
+        const int64_t planes = (n * C + c0) * HW, rows = n * HW * C + c0;  /* block starts */
+        if (src->dtype == ROICORE_FLOAT32) {
+            const float *s = (const float *)src->data;
+            float *d = (float *)dst;
+            if (to_nchw) roicore_transpose_f32(s + rows, C, HW, nb, d + planes, HW, 0);
+            else roicore_transpose_f32(s + planes, HW, nb, HW, d + rows, C, 0);
+        } else {
+            const double *s = (const double *)src->data;
+            double *d = (double *)dst;
+            if (to_nchw) roicore_transpose_f64(s + rows, C, HW, nb, d + planes, HW, 0);
+            else roicore_transpose_f64(s + planes, HW, nb, HW, d + rows, C, 0);
+        }
+    }
+}
+
 void roicore_copy_rows(const void *in, int64_t in_stride, int64_t rows, int64_t n, void *out,
                        int64_t out_stride, int64_t pad, size_t size) {
     const char *s = (const char *)in;

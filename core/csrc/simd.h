@@ -25,6 +25,10 @@ void roicore_transpose_i64(const int64_t *in, int64_t in_stride, int64_t R, int6
 void roicore_transpose_i32_i64(const int32_t *in, int64_t in_stride, int64_t R, int64_t Cc,
                                int64_t *out, int64_t out_stride);
 
+/* A whole tensor's data into `dst` in the other layout (NHWC -> NCHW, NCHW -> NHWC), the
+ * threads taking blocks of 64 channels of an image: whole cache lines of each NHWC row. */
+void roicore_relayout(const roicore_tensor *src, void *dst, int n_threads);
+
 /* rows of n values, `in_stride` apart -> rows `out_stride` apart (a strided copy), with
  * element size `size`; rows of `pad` > n values get the row's last value repeated. */
 void roicore_copy_rows(const void *in, int64_t in_stride, int64_t rows, int64_t n,
