@@ -18,6 +18,18 @@ typedef struct {
 #define ROICORE_TYPED "psroi_typed.h"
 #include "dtypes.h"
 
+/* The kernels take NCHW tensors only (in NHWC a cell's channels lie G apart in every row):
+ * *planes is t itself, or for an NHWC t an NCHW tensor of its shape in fresh scratch,
+ * which the caller fills or empties with roicore_relayout and frees. */
+static int nchw_planes(const roicore_tensor *t, const char *what, roicore_tensor *planes,
+                       roicore_error *err) {
+    *planes = *t;
+    if (t->layout != ROICORE_NHWC) return ROICORE_OK;
+    planes->layout = ROICORE_NCHW;
+    planes->data = roicore_scratch(roicore_tensor_bytes(t), what, err);
+    return planes->data ? ROICORE_OK : err ? err->code : ROICORE_ERR_MEMORY;
+}
+
 /* The plan for the rules' formula (torchvision's takes the pooled size as its group). */
 static int make_plan(const roicore_psroi_pool_rules *rules, int backward,
                      const roicore_tensor *map, const roicore_tensor *pooled,
@@ -64,28 +76,23 @@ int roicore_psroi_pool_forward(const roicore_psroi_pool_rules *rules, const roic
     if (boxes->k > 0 && out->c > 0) {
         roicore_run run;
         roicore_run_init(&run, exec);
-        /* an NHWC map is pooled from an NCHW copy: a cell's channels lie G apart in its rows */
-        roicore_tensor planes = *x;
-        if (x->layout == ROICORE_NHWC) {
-            planes.layout = ROICORE_NCHW;
-            planes.data = roicore_scratch(roicore_tensor_bytes(x), "the map's NCHW copy", err);
-            if (!planes.data) {
-                roicore_scratch_free(ps.tables);
-                return err ? err->code : ROICORE_ERR_MEMORY;
-            }
-            roicore_relayout(x, planes.data, run.n_threads);
-            x = &planes;
+        roicore_tensor planes;  /* an NHWC map is pooled from an NCHW copy */
+        if ((rc = nchw_planes(x, "the map's NCHW copy", &planes, err))) {
+            roicore_scratch_free(ps.tables);
+            return rc;
         }
+        const int copy = x->layout == ROICORE_NHWC;
+        if (copy) roicore_relayout(x, planes.data, run.n_threads);
         if (x->dtype == ROICORE_FLOAT32) {
             ps_plan_f32 c;
             init_plan_f32(&c, &ps, x, boxes->batch);
-            rc = psroi_forward_f32(&c, x, boxes, (float)scale, out, &run, err);
+            rc = psroi_forward_f32(&c, &planes, boxes, (float)scale, out, &run, err);
         } else {
             ps_plan_f64 c;
             init_plan_f64(&c, &ps, x, boxes->batch);
-            rc = psroi_forward_f64(&c, x, boxes, scale, out, &run, err);
+            rc = psroi_forward_f64(&c, &planes, boxes, scale, out, &run, err);
         }
-        if (x == &planes) roicore_scratch_free(planes.data);
+        if (copy) roicore_scratch_free(planes.data);
     }
     roicore_scratch_free(ps.tables);
     return rc;
@@ -111,15 +118,10 @@ int roicore_psroi_pool_backward(const roicore_psroi_pool_rules *rules,
     } else {
         roicore_run run;
         roicore_run_init(&run, exec);
-        /* an NHWC gradient is added up in NCHW planes and moved into place at the end */
-        roicore_tensor planes = *dx;
-        if (dx->layout == ROICORE_NHWC) {
-            planes.layout = ROICORE_NCHW;
-            planes.data = roicore_scratch(roicore_tensor_bytes(dx), "the gradient's NCHW planes", err);
-            if (!planes.data) {
-                roicore_scratch_free(ps.tables);
-                return err ? err->code : ROICORE_ERR_MEMORY;
-            }
+        roicore_tensor planes;  /* an NHWC gradient is added up in NCHW planes, then moved */
+        if ((rc = nchw_planes(dx, "the gradient's NCHW planes", &planes, err))) {
+            roicore_scratch_free(ps.tables);
+            return rc;
         }
         if (dx->dtype == ROICORE_FLOAT32) {
             ps_plan_f32 c;
