@@ -144,44 +144,54 @@ ROICORE_INLINE void TYPED(bin_add)(T *img, int64_t W, int64_t S, int64_t h0, int
         }
 }
 
-/* Box k's bin (ph, pw) of cell `cell` from the slab (image b's part `img_size` values
- * apart), into its staged row: box k's rows start at dst + (k - k0)*M*S. */
-ROICORE_INLINE void TYPED(cell_bin_mean)(const PLAN *c, int64_t k, int64_t k0, int64_t ph,
-                                         int64_t pw, int64_t ph0, int64_t pw0, int64_t cols,
-                                         const T *slab, int64_t img_size, T *dst, int NV) {
-    const int64_t h0 = c->hs[k * c->PH + ph], h1 = c->he[k * c->PH + ph];
-    const int64_t w0 = c->ws[k * c->PW + pw], w1 = c->we[k * c->PW + pw];
-    T *out = dst + ((k - k0) * c->M + (ph - ph0) * cols + (pw - pw0)) * c->S;
-    const T *img = h1 > h0 && w1 > w0 ? slab + c->batch[k] * img_size : slab;
+/* One bin's means into out: rows [h0, h1), columns [w0, w1) of img (a slab, rows of S). */
+ROICORE_INLINE void TYPED(slab_bin_mean)(const T *img, int64_t W, int64_t S, int64_t h0,
+                                         int64_t h1, int64_t w0, int64_t w1, T *out, int NV) {
     if (NV > 0) {
-        TYPED(bin_mean)(img, c->W, c->S, h0, h1, w0, w1, 0, NV, out);
+        TYPED(bin_mean)(img, W, S, h0, h1, w0, w1, 0, NV, out);
         return;
     }
     int64_t q0 = 0;  /* other vector counts: groups of 4, then the rest one at a time */
-    for (; q0 + 4 <= c->S / LANES; q0 += 4) TYPED(bin_mean)(img, c->W, c->S, h0, h1, w0, w1, q0, 4, out);
-    for (; q0 < c->S / LANES; ++q0) TYPED(bin_mean)(img, c->W, c->S, h0, h1, w0, w1, q0, 1, out);
+    for (; q0 + 4 <= S / LANES; q0 += 4) TYPED(bin_mean)(img, W, S, h0, h1, w0, w1, q0, 4, out);
+    for (; q0 < S / LANES; ++q0) TYPED(bin_mean)(img, W, S, h0, h1, w0, w1, q0, 1, out);
 }
 
-/* Every box's bins of cell `cell`, boxes [k0, k1), staged from dst.  A cell of one
- * bin (the group is the pooled size, as in R-FCN and always in Paddle) gets a loop of its
- * own; NV > 0 fixes the vector count at compile time (the counts PS-RoI meets most). */
+/* Every box's bins of cell `cell`, boxes [k0, k1), staged from dst (box k's bins at
+ * dst + (k - k0)*M*S, row-major in the cell).  The plan's fields are read once into
+ * locals, because the loop runs per bin; NV > 0 fixes the vector count at compile time
+ * (the counts PS-RoI meets most).  An empty bin (a masked box's among them) reads no
+ * image, so its box's batch index is not used. */
 ROICORE_INLINE void TYPED(cell_mean_nv)(const PLAN *c, int64_t cell, int64_t k0, int64_t k1,
                                         const T *slab, int64_t img_size, T *dst,
                                         roicore_run *run, int NV) {
     const int64_t ph0 = c->r0[cell / c->GW], ph1 = c->r1[cell / c->GW];
-    const int64_t pw0 = c->q0[cell % c->GW], pw1 = c->q1[cell % c->GW], cols = pw1 - pw0;
-    if (ph1 - ph0 == 1 && cols == 1) {
-        for (int64_t k = k0; k < k1; ++k) {
-            if ((k & 63) == 0 && roicore_stopping(run)) return;
-            TYPED(cell_bin_mean)(c, k, k0, ph0, pw0, ph0, pw0, cols, slab, img_size, dst, NV);
+    const int64_t pw0 = c->q0[cell % c->GW], pw1 = c->q1[cell % c->GW];
+    const int64_t PH = c->PH, PW = c->PW, W = c->W, S = c->S, box_stride = c->M * S;
+    const int64_t *hs = c->hs, *he = c->he, *ws = c->ws, *we = c->we, *batch = c->batch;
+    for (int64_t kb = k0; kb < k1; kb += 64) {
+        if (roicore_stopping(run)) return;
+        const int64_t kend = roicore_min64(kb + 64, k1);
+        T *out = dst + (kb - k0) * box_stride;
+        if (ph1 - ph0 == 1 && pw1 - pw0 == 1) {  /* a cell of one bin: R-FCN's, Paddle's */
+            for (int64_t k = kb; k < kend; ++k, out += box_stride) {
+                const int64_t h0 = hs[k * PH + ph0], h1 = he[k * PH + ph0];
+                const int64_t w0 = ws[k * PW + pw0], w1 = we[k * PW + pw0];
+                const T *img = h1 > h0 && w1 > w0 ? slab + batch[k] * img_size : slab;
+                TYPED(slab_bin_mean)(img, W, S, h0, h1, w0, w1, out, NV);
+            }
+            continue;
         }
-        return;
-    }
-    for (int64_t k = k0; k < k1; ++k) {
-        if ((k & 63) == 0 && roicore_stopping(run)) return;
-        for (int64_t ph = ph0; ph < ph1; ++ph)
-            for (int64_t pw = pw0; pw < pw1; ++pw)
-                TYPED(cell_bin_mean)(c, k, k0, ph, pw, ph0, pw0, cols, slab, img_size, dst, NV);
+        for (int64_t k = kb; k < kend; ++k, out += box_stride) {
+            T *bin_out = out;
+            for (int64_t ph = ph0; ph < ph1; ++ph) {
+                const int64_t h0 = hs[k * PH + ph], h1 = he[k * PH + ph];
+                for (int64_t pw = pw0; pw < pw1; ++pw, bin_out += S) {
+                    const int64_t w0 = ws[k * PW + pw], w1 = we[k * PW + pw];
+                    const T *img = h1 > h0 && w1 > w0 ? slab + batch[k] * img_size : slab;
+                    TYPED(slab_bin_mean)(img, W, S, h0, h1, w0, w1, bin_out, NV);
+                }
+            }
+        }
     }
 }
 
