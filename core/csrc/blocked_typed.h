@@ -257,7 +257,8 @@ int ROICORE_CAT(roicore_blocked_backward, SFX)(const BWD_JOB *job, roicore_run *
             }
             for (int64_t n = 0; n < N; ++n) {
                 if (nchw_dx)
-                    TRANSPOSE(acc + n * HW * lanes, lanes, HW, nb, dxdata + (n * C + c0) * HW, HW, 0);
+                    TRANSPOSE(acc + n * HW * lanes, lanes, HW, nb, dxdata + (n * C + c0) * HW, HW,
+                              ROICORE_IN_CACHE);
                 else
                     roicore_copy_rows(acc + n * HW * lanes, lanes, HW, nb, dxdata + n * HW * C + c0,
                                       C, nb, sizeof(T));

@@ -400,7 +400,8 @@ static int TYPED(psroi_backward)(PLAN *c, const roicore_tensor *g, const roicore
                 TYPED(cell_add)(c, cell, mine, HW * S, gd, D * P, g_d, g_bin, diff, run);
                 for (int64_t n = 0; n < N; ++n)  /* dx is NCHW (psroi.c) */
                     ROICORE_CAT(roicore_transpose, SFX)(mine + n * HW * S, S, HW, D,
-                                                        dxd + (n * C + cell) * HW, G * HW, 0);
+                                                        dxd + (n * C + cell) * HW, G * HW,
+                                                        ROICORE_IN_CACHE);
             }
         }
         roicore_leave(left, run);

@@ -11,8 +11,12 @@
  *   ROICORE_PAD_ROWS: R is rounded up to a multiple of 8, the missing rows repeating row
  *     R - 1, so out rows get round_up(R, 8) values (padding the caller owns);
  *   ROICORE_WIDE_ROWS: every in row may be read up to column round_up(Cc, 8), so the last
- *     Cc % 8 columns go through a whole tile too. */
-enum { ROICORE_PAD_ROWS = 1, ROICORE_WIDE_ROWS = 2 };
+ *     Cc % 8 columns go through a whole tile too;
+ *   ROICORE_IN_CACHE: `in` is scratch that sits in cache (a task's accumulator), so the
+ *     tiles go column block by column block and each out row is written whole, in order.
+ *     Without it the tiles go row block by row block, reading `in` in order, which suits a
+ *     large input in memory. */
+enum { ROICORE_PAD_ROWS = 1, ROICORE_WIDE_ROWS = 2, ROICORE_IN_CACHE = 4 };
 void roicore_transpose_f32(const float *in, int64_t in_stride, int64_t R, int64_t Cc,
                            float *out, int64_t out_stride, int flags);
 void roicore_transpose_f64(const double *in, int64_t in_stride, int64_t R, int64_t Cc,

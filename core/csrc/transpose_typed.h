@@ -59,33 +59,48 @@ ROICORE_INLINE void ROICORE_CAT(transpose_tile, SFX)(const T *restrict in, int64
 #endif
 }
 
+/* Column block by column block: each out row is written whole, in order.  Rows from
+ * `tiled` on are left to the caller. */
+ROICORE_CLONES static void ROICORE_CAT(transpose_by_columns, SFX)(
+    const T *restrict in, int64_t in_stride, int64_t R, int64_t tiled, int64_t Cc,
+    T *restrict out, int64_t out_stride, int flags) {
+    int64_t j = 0;
+    for (; j + 8 <= Cc; j += 8)
+        for (int64_t i = 0; i < tiled; i += 8)
+            ROICORE_CAT(transpose_tile, SFX)(in, in_stride, R, out, out_stride, i, j, 8);
+    if (j < Cc && flags & ROICORE_WIDE_ROWS) {
+        for (int64_t i = 0; i < tiled; i += 8)
+            ROICORE_CAT(transpose_tile, SFX)(in, in_stride, R, out, out_stride, i, j, (int)(Cc - j));
+        j = Cc;
+    }
+    for (; j < Cc; ++j)
+        for (int64_t a = 0; a < tiled; ++a) out[j * out_stride + a] = in[ROW(a) * in_stride + j];
+}
+
 ROICORE_CLONES void ROICORE_CAT(roicore_transpose, SFX)(const T *restrict in, int64_t in_stride,
                                                         int64_t R, int64_t Cc, T *restrict out,
                                                         int64_t out_stride, int flags) {
     const int64_t rows = flags & ROICORE_PAD_ROWS ? (R + 7) / 8 * 8 : R;
     int64_t i = 0, j;
-    if (flags & ROICORE_PAD_ROWS && rows <= 32) {
-        /* Few padded rows (PS-RoI's slabs): blocks of 8 columns outermost, so that each out
-         * row is written whole at once instead of 8 values per pass over the columns. */
-        for (j = 0; j + 8 <= Cc; j += 8)
-            for (i = 0; i < rows; i += 8)
+    /* PS-RoI's slabs (few padded rows) go by columns too: each out row written whole at
+     * once instead of 8 values per pass over the columns */
+    if (flags & ROICORE_IN_CACHE || (flags & ROICORE_PAD_ROWS && rows <= 32)) {
+        i = rows / 8 * 8;
+        ROICORE_CAT(transpose_by_columns, SFX)(in, in_stride, R, i, Cc, out, out_stride, flags);
+    } else {
+        for (; i + 8 <= rows; i += 8) {
+            for (j = 0; j + 8 <= Cc; j += 8)
                 ROICORE_CAT(transpose_tile, SFX)(in, in_stride, R, out, out_stride, i, j, 8);
-        for (; j < Cc; ++j)
-            for (int64_t a = 0; a < rows; ++a) out[j * out_stride + a] = in[ROW(a) * in_stride + j];
-        return;
-    }
-    for (; i + 8 <= rows; i += 8) {
-        for (j = 0; j + 8 <= Cc; j += 8)
-            ROICORE_CAT(transpose_tile, SFX)(in, in_stride, R, out, out_stride, i, j, 8);
-        if (j < Cc && flags & ROICORE_WIDE_ROWS) {
-            ROICORE_CAT(transpose_tile, SFX)(in, in_stride, R, out, out_stride, i, j,
-                                             (int)(Cc - j));
-            j = Cc;
+            if (j < Cc && flags & ROICORE_WIDE_ROWS) {
+                ROICORE_CAT(transpose_tile, SFX)(in, in_stride, R, out, out_stride, i, j,
+                                                 (int)(Cc - j));
+                j = Cc;
+            }
+            for (; j < Cc; ++j)
+                for (int64_t a = i; a < i + 8; ++a) out[j * out_stride + a] = in[ROW(a) * in_stride + j];
         }
-        for (; j < Cc; ++j)
-            for (int64_t a = i; a < i + 8; ++a) out[j * out_stride + a] = in[ROW(a) * in_stride + j];
     }
-    for (; i < R; ++i)
+    for (; i < R; ++i)  /* the last R % 8 rows, unless padded */
         for (j = 0; j < Cc; ++j) out[j * out_stride + i] = in[i * in_stride + j];
 }
 
