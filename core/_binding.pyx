@@ -155,6 +155,7 @@ cdef extern from "roicore.h" nogil:
     int roicore_resolve_threads(int requested)
     int64_t roicore_get_memory_limit()
     void roicore_set_memory_limit(int64_t nbytes)
+    int64_t roicore_release_scratch()
 
 
 API_VERSION = roicore_api_version()
@@ -603,3 +604,7 @@ def get_memory_limit():
 
 def set_memory_limit(int64_t nbytes):
     roicore_set_memory_limit(nbytes)
+
+
+def release_scratch():
+    return roicore_release_scratch()

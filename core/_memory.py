@@ -196,9 +196,10 @@ def set_output_cache_limit(nbytes):
 
 
 def release_output_cache():
-    """Hand every idle cached output block back to the system; returns the bytes released.
-    Arrays still in use keep their memory and return it to the cache when they go."""
-    return _CACHE.release()
+    """Hand every idle cached output block back to the system, and the scratch blocks the
+    kernels keep between calls (up to 256 MiB); returns the bytes released.  Arrays still
+    in use keep their memory and return it to the cache when they go."""
+    return _CACHE.release() + _binding.release_scratch()
 
 
 def output_cache_stats():

@@ -346,6 +346,17 @@ int roicore_resolve_threads(int requested);
 int64_t roicore_get_memory_limit(void);
 void roicore_set_memory_limit(int64_t bytes);
 
+/* Scratch blocks of 1 MiB or more are kept when a call ends, for the next call that needs
+ * about as much: a fresh block from the system costs a page fault and a zeroed page for
+ * every 4 KiB that the call touches.  At most this many bytes stay kept (the oldest blocks
+ * go first); the default is 256 MiB, and 0 keeps none.  Setting a lower limit releases
+ * the oldest blocks down to it; roicore_release_scratch releases every kept block and
+ * returns their bytes.  Each copy of the library (a binding, a native op library) keeps
+ * its own. */
+int64_t roicore_get_scratch_keep_limit(void);
+void roicore_set_scratch_keep_limit(int64_t bytes);
+int64_t roicore_release_scratch(void);
+
 #ifdef __cplusplus
 }
 #endif

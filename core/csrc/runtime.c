@@ -194,24 +194,172 @@ int64_t roicore_mul(int64_t a, int64_t b) {
     return r;
 }
 
+/* Scratch blocks of SCRATCH_KEEP_MIN bytes or more go back to a small cache instead of the
+ * system, and the next call that needs about as much takes one.  Inside a framework's
+ * threads glibc tends to return a freed block of several MB to the kernel, and the next
+ * call then faults in and zeroes every page again, which cost more than the kernel that
+ * used the block (an NHWC PS-RoI pass's NCHW copy); the frameworks' own allocators keep
+ * freed memory likewise.  At most SCRATCH_SLOTS blocks and scratch_keep_limit bytes are
+ * kept idle, the oldest going first. */
+#define SCRATCH_KEEP_MIN (1 << 20)
+#define SCRATCH_SLOTS 8
+#define SCRATCH_SLACK 4  /* a kept block serves requests down to 1 - 1/SLACK of its size */
+
+typedef struct {
+    int64_t bytes;  /* the usable size after the header */
+    int64_t stamp;  /* when it was kept, for evicting the oldest */
+} scratch_header;
+
+static pthread_mutex_t scratch_lock = PTHREAD_MUTEX_INITIALIZER;
+static char *kept[SCRATCH_SLOTS];  /* the kept blocks; free slots are NULL */
+static int64_t kept_bytes, kept_stamp, scratch_keep_limit = 256 << 20;
+
+/* A child forked while another thread held the lock would wait for it forever; the kept
+ * blocks stay valid in the child, so only the lock starts afresh. */
+static pthread_once_t scratch_atfork_once = PTHREAD_ONCE_INIT;
+static void scratch_in_child(void) { pthread_mutex_init(&scratch_lock, NULL); }
+static void scratch_register_atfork(void) { pthread_atfork(NULL, NULL, scratch_in_child); }
+
+/* Under AddressSanitizer a kept block is poisoned, and a taken one only up to the bytes
+ * asked for, so that a use after free or a write past the request is still reported. */
+#if defined(__SANITIZE_ADDRESS__)
+#define ROICORE_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ROICORE_ASAN 1
+#endif
+#endif
+#ifdef ROICORE_ASAN
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (size_t)(n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (size_t)(n))
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+static scratch_header *header_of(char *block) { return (scratch_header *)(block - ROICORE_LINE); }
+
+static void release_block(char *block) { free(block - ROICORE_LINE); }
+
+/* A kept block of at least `bytes` and not much more, or NULL. */
+static char *take_kept(int64_t bytes) {
+    char *best = NULL;
+    pthread_mutex_lock(&scratch_lock);
+    int slot = -1;
+    for (int i = 0; i < SCRATCH_SLOTS; ++i) {
+        if (!kept[i]) continue;
+        const int64_t size = header_of(kept[i])->bytes;
+        if (size >= bytes && size - size / SCRATCH_SLACK <= bytes &&
+            (slot < 0 || size < header_of(kept[slot])->bytes))
+            slot = i;
+    }
+    if (slot >= 0) {
+        best = kept[slot];
+        kept[slot] = NULL;
+        kept_bytes -= header_of(best)->bytes;
+    }
+    pthread_mutex_unlock(&scratch_lock);
+    return best;
+}
+
 void *roicore_scratch(int64_t bytes, const char *what, roicore_error *err) {
     int64_t limit = roicore_get_memory_limit();
-    if (bytes < 0 || (limit > 0 && bytes > limit)) {
+    if (bytes < 0 || bytes > INT64_MAX - ROICORE_LINE || (limit > 0 && bytes > limit)) {
         roicore_fail(err, ROICORE_ERR_MEMORY,
                      "%s would take %lld bytes of scratch memory, over roicore's memory limit "
                      "of %lld bytes", what, (long long)bytes, (long long)limit);
         return NULL;
     }
+    if (bytes >= SCRATCH_KEEP_MIN) {
+        pthread_once(&scratch_atfork_once, scratch_register_atfork);
+        char *block = take_kept(bytes);
+        if (block) {
+            UNPOISON(block, bytes);
+            return block;
+        }
+    }
     void *p = NULL;
-    if (posix_memalign(&p, ROICORE_LINE, (size_t)(bytes > 0 ? bytes : ROICORE_LINE)) != 0) {
+    if (posix_memalign(&p, ROICORE_LINE, (size_t)(bytes + ROICORE_LINE)) != 0) {
         roicore_fail(err, ROICORE_ERR_MEMORY, "%s: could not allocate %lld bytes of scratch memory",
                      what, (long long)bytes);
         return NULL;
     }
-    return p;
+    char *block = (char *)p + ROICORE_LINE;
+    header_of(block)->bytes = bytes;
+    return block;
 }
 
-void roicore_scratch_free(void *p) { free(p); }
+/* Under the lock: the oldest kept block, taken out of the cache; NULL when none is kept. */
+static char *pop_oldest(void) {
+    int oldest = -1;
+    for (int i = 0; i < SCRATCH_SLOTS; ++i)
+        if (kept[i] && (oldest < 0 || header_of(kept[i])->stamp < header_of(kept[oldest])->stamp))
+            oldest = i;
+    if (oldest < 0) return NULL;
+    char *block = kept[oldest];
+    kept[oldest] = NULL;
+    kept_bytes -= header_of(block)->bytes;
+    return block;
+}
+
+void roicore_scratch_free(void *p) {
+    char *block = (char *)p, *evicted[SCRATCH_SLOTS];
+    int n_evicted = 0;
+    if (!block) return;
+    const int64_t bytes = header_of(block)->bytes;
+    if (bytes >= SCRATCH_KEEP_MIN) {
+        pthread_mutex_lock(&scratch_lock);
+        if (bytes <= scratch_keep_limit) {
+            int slot = -1;
+            for (;;) {  /* the oldest go until the block fits in a slot and under the limit */
+                for (int i = 0; i < SCRATCH_SLOTS && slot < 0; ++i)
+                    if (!kept[i]) slot = i;
+                if (slot >= 0 && kept_bytes + bytes <= scratch_keep_limit) break;
+                evicted[n_evicted++] = pop_oldest();
+            }
+            header_of(block)->stamp = ++kept_stamp;
+            POISON(block, bytes);
+            kept[slot] = block;
+            kept_bytes += bytes;
+            block = NULL;
+        }
+        pthread_mutex_unlock(&scratch_lock);
+    }
+    for (int i = 0; i < n_evicted; ++i) release_block(evicted[i]);
+    if (block) release_block(block);
+}
+
+/* The oldest kept blocks released until at most `keep` bytes stay kept; the bytes released. */
+static int64_t release_down_to(int64_t keep) {
+    char *evicted[SCRATCH_SLOTS];
+    int n_evicted = 0;
+    int64_t released = 0;
+    pthread_mutex_lock(&scratch_lock);
+    while (kept_bytes > keep) {
+        evicted[n_evicted] = pop_oldest();
+        released += header_of(evicted[n_evicted++])->bytes;
+    }
+    pthread_mutex_unlock(&scratch_lock);
+    for (int i = 0; i < n_evicted; ++i) release_block(evicted[i]);
+    return released;
+}
+
+int64_t roicore_get_scratch_keep_limit(void) {
+    pthread_mutex_lock(&scratch_lock);
+    const int64_t limit = scratch_keep_limit;
+    pthread_mutex_unlock(&scratch_lock);
+    return limit;
+}
+
+void roicore_set_scratch_keep_limit(int64_t bytes) {
+    pthread_mutex_lock(&scratch_lock);
+    scratch_keep_limit = bytes < 0 ? 0 : bytes;
+    pthread_mutex_unlock(&scratch_lock);
+    release_down_to(bytes < 0 ? 0 : bytes);
+}
+
+int64_t roicore_release_scratch(void) { return release_down_to(0); }
 
 int64_t *roicore_counters(int n, roicore_error *err) {
     int64_t bytes = (int64_t)n * ROICORE_LINE;

@@ -778,6 +778,53 @@ static void bad_input(void) {
     free(x.data); free(out.data); free(c.data); free(one.data); free(g.data); free(dx.data);
 }
 
+/* Scratch blocks of 1 MiB or more are kept for the next call, and a kept block gives the
+ * same bits as a fresh one.  A PS-RoI pass over an NHWC map takes an NCHW copy of it as
+ * scratch: 1029 x 16 x 16 float32, just over 1 MiB. */
+static void scratch_keeping(void) {
+    const int64_t C = 21 * 49, H = 16, W = 16, copy_bytes = C * H * W * 4;
+    array x = new_array(ROICORE_FLOAT32, C * H * W);
+    for (int64_t i = 0; i < x.n; ++i) set(x, i, (double)((i * 7919) % 1000) / 100.0);
+    static const double rows[] = {0, 0, 15, 15, 3, 2, 11, 14};
+    array c = coords_of(ROICORE_FLOAT32, rows, 2);
+    int64_t batch[] = {0, 0};
+    roicore_boxes b = boxes_of(c, batch, 2);
+    roicore_tensor tx = {x.data, ROICORE_FLOAT32, ROICORE_NHWC, 1, C, H, W};
+    array out[3];
+    roicore_error err;
+    const int64_t limit = roicore_get_scratch_keep_limit();
+    CHECK(limit == 256 << 20, "default keep limit %lld", (long long)limit);
+    roicore_release_scratch();
+    for (int r = 0; r < 3; ++r) {
+        out[r] = new_array(ROICORE_FLOAT32, 2 * 21 * 49);
+        roicore_tensor to = {out[r].data, ROICORE_FLOAT32, ROICORE_NHWC, 2, 21, 7, 7};
+        if (r == 2) roicore_set_scratch_keep_limit(0);
+        CHECK(roicore_psroi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 7, 7, &to, &three_threads,
+                                         &err) == ROICORE_OK, "psroi NHWC: %s", err.message);
+        const int64_t kept = roicore_release_scratch();
+        if (r == 0)  /* the first call's blocks are kept */
+            CHECK(kept >= copy_bytes, "kept %lld bytes, want >= %lld", (long long)kept,
+                  (long long)copy_bytes);
+        if (r == 2)
+            CHECK(kept == 0, "kept %lld bytes with a limit of 0", (long long)kept);
+        if (r == 0) {  /* again, the second call taking the first call's blocks */
+            CHECK(roicore_psroi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 7, 7, &to, &three_threads,
+                                             &err) == ROICORE_OK, "psroi NHWC: %s", err.message);
+            const int64_t again = roicore_psroi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 7, 7, &to,
+                                                             &three_threads, &err);
+            CHECK(again == ROICORE_OK && roicore_release_scratch() == kept,
+                  "a call after the first took fresh blocks instead of the kept ones");
+        }
+    }
+    roicore_set_scratch_keep_limit(limit);
+    CHECK(roicore_get_scratch_keep_limit() == limit, "keep limit not restored");
+    CHECK(memcmp(out[0].data, out[1].data, (size_t)out[0].n * 4) == 0 &&
+              memcmp(out[0].data, out[2].data, (size_t)out[0].n * 4) == 0,
+          "results out of kept scratch differ from results out of fresh scratch");
+    for (int r = 0; r < 3; ++r) free(out[r].data);
+    free(x.data); free(c.data);
+}
+
 int main(void) {
     mxnet_docstring();
     mxnet_backward_routing();
@@ -791,6 +838,7 @@ int main(void) {
     nhwc_layouts();
     nhwc_psroi_cells();
     bad_input();
+    scratch_keeping();
     printf("roicore C API %d, OpenMP %s\n", roicore_api_version(),
            roicore_openmp_enabled() ? "on" : "off");
     printf("%d passed, %d failed\n", passed, failed);
