@@ -401,7 +401,7 @@ static int TYPED(psroi_backward)(PLAN *c, const roicore_tensor *g, const roicore
                 for (int64_t n = 0; n < N; ++n)  /* dx is NCHW (psroi.c) */
                     ROICORE_CAT(roicore_transpose, SFX)(mine + n * HW * S, S, HW, D,
                                                         dxd + (n * C + cell) * HW, G * HW,
-                                                        ROICORE_IN_CACHE);
+                                                        0);
             }
         }
         roicore_leave(left, run);
