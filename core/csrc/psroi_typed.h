@@ -156,41 +156,41 @@ ROICORE_INLINE void TYPED(slab_bin_mean)(const T *img, int64_t W, int64_t S, int
     for (; q0 < S / LANES; ++q0) TYPED(bin_mean)(img, W, S, h0, h1, w0, w1, q0, 1, out);
 }
 
+/* Box k's bin (ph, pw) from the slab into out.  An empty bin (a masked box's among them)
+ * reads no image, so its box's batch index is not used. */
+ROICORE_INLINE void TYPED(box_bin_mean)(const PLAN *p, int64_t k, int64_t ph, int64_t pw,
+                                        const T *slab, int64_t img_size, T *out, int NV) {
+    const int64_t h0 = p->hs[k * p->PH + ph], h1 = p->he[k * p->PH + ph];
+    const int64_t w0 = p->ws[k * p->PW + pw], w1 = p->we[k * p->PW + pw];
+    const T *img = h1 > h0 && w1 > w0 ? slab + p->batch[k] * img_size : slab;
+    TYPED(slab_bin_mean)(img, p->W, p->S, h0, h1, w0, w1, out, NV);
+}
+
 /* Every box's bins of cell `cell`, boxes [k0, k1), staged from dst (box k's bins at
- * dst + (k - k0)*M*S, row-major in the cell).  The plan's fields are read once into
- * locals, because the loop runs per bin; NV > 0 fixes the vector count at compile time
- * (the counts PS-RoI meets most).  An empty bin (a masked box's among them) reads no
- * image, so its box's batch index is not used. */
+ * dst + (k - k0)*M*S, row-major in the cell).  The loop works on a local copy of the plan,
+ * whose fields then stay in registers; NV > 0 fixes the vector count at compile time (the
+ * counts PS-RoI meets most), and a cell of one bin (R-FCN's, Paddle's) has a loop of its
+ * own. */
 ROICORE_INLINE void TYPED(cell_mean_nv)(const PLAN *c, int64_t cell, int64_t k0, int64_t k1,
                                         const T *slab, int64_t img_size, T *dst,
                                         roicore_run *run, int NV) {
-    const int64_t ph0 = c->r0[cell / c->GW], ph1 = c->r1[cell / c->GW];
-    const int64_t pw0 = c->q0[cell % c->GW], pw1 = c->q1[cell % c->GW];
-    const int64_t PH = c->PH, PW = c->PW, W = c->W, S = c->S, box_stride = c->M * S;
-    const int64_t *hs = c->hs, *he = c->he, *ws = c->ws, *we = c->we, *batch = c->batch;
+    const PLAN p = *c;
+    const int64_t ph0 = p.r0[cell / p.GW], ph1 = p.r1[cell / p.GW];
+    const int64_t pw0 = p.q0[cell % p.GW], pw1 = p.q1[cell % p.GW], box_stride = p.M * p.S;
     for (int64_t kb = k0; kb < k1; kb += 64) {
         if (roicore_stopping(run)) return;
         const int64_t kend = roicore_min64(kb + 64, k1);
         T *out = dst + (kb - k0) * box_stride;
-        if (ph1 - ph0 == 1 && pw1 - pw0 == 1) {  /* a cell of one bin: R-FCN's, Paddle's */
-            for (int64_t k = kb; k < kend; ++k, out += box_stride) {
-                const int64_t h0 = hs[k * PH + ph0], h1 = he[k * PH + ph0];
-                const int64_t w0 = ws[k * PW + pw0], w1 = we[k * PW + pw0];
-                const T *img = h1 > h0 && w1 > w0 ? slab + batch[k] * img_size : slab;
-                TYPED(slab_bin_mean)(img, W, S, h0, h1, w0, w1, out, NV);
-            }
+        if (ph1 - ph0 == 1 && pw1 - pw0 == 1) {
+            for (int64_t k = kb; k < kend; ++k, out += box_stride)
+                TYPED(box_bin_mean)(&p, k, ph0, pw0, slab, img_size, out, NV);
             continue;
         }
         for (int64_t k = kb; k < kend; ++k, out += box_stride) {
             T *bin_out = out;
-            for (int64_t ph = ph0; ph < ph1; ++ph) {
-                const int64_t h0 = hs[k * PH + ph], h1 = he[k * PH + ph];
-                for (int64_t pw = pw0; pw < pw1; ++pw, bin_out += S) {
-                    const int64_t w0 = ws[k * PW + pw], w1 = we[k * PW + pw];
-                    const T *img = h1 > h0 && w1 > w0 ? slab + batch[k] * img_size : slab;
-                    TYPED(slab_bin_mean)(img, W, S, h0, h1, w0, w1, bin_out, NV);
-                }
-            }
+            for (int64_t ph = ph0; ph < ph1; ++ph)
+                for (int64_t pw = pw0; pw < pw1; ++pw, bin_out += p.S)
+                    TYPED(box_bin_mean)(&p, k, ph, pw, slab, img_size, bin_out, NV);
         }
     }
 }
