@@ -15,10 +15,11 @@
  * threads take them one at a time from a shared counter, so a short last block leaves no
  * thread idle, and pack the blocks of x inside the same parallel region first.
  *
- * Backward (bilinear pooling, RoIAlign): one task owns one channel block of every image,
- * zeroes a per-thread (N, H, W, lanes) accumulator, walks every box in order, adding each
- * box's bins (their upstream gradient packed (bin, lane), a chunk of bins at a time), and
- * finally writes its block of dx.
+ * Backward (bilinear pooling, RoIAlign): one task owns one channel block of one image
+ * (blocks narrower than 8 vectors when there are fewer blocks and images than threads),
+ * zeroes a per-thread (H, W, lanes) accumulator, walks the image's boxes in order, adding
+ * each box's bins (their upstream gradient packed (bin, lane), a chunk of bins at a time),
+ * and finally writes its block of dx.
  * So each channel receives its additions in the frameworks' serial order: no atomics, and
  * the same bits for every thread count.
  *

@@ -217,13 +217,15 @@ int ROICORE_CAT(roicore_blocked_backward, SFX)(const BWD_JOB *job, roicore_run *
         return ROICORE_OK;
     }
     const int nt = run->n_threads;
-    /* narrower blocks when there are fewer whole blocks than threads, so each has one */
+    /* a task per block and image; narrower blocks when that makes fewer tasks than threads,
+       so each thread has one */
     int64_t B = BLOCK;
-    if (C < B * nt) B = roicore_max64(8, roicore_round_up((C + nt - 1) / nt, 8));
-    const int64_t n_cb = (C + B - 1) / B;
+    if ((C + B - 1) / B * N < nt)
+        B = roicore_clamp64(roicore_round_up((C * N + nt - 1) / nt, 8), 8, BLOCK);
+    const int64_t n_cb = (C + B - 1) / B, n_tasks = n_cb * N;
     const int64_t chunk = roicore_clamp64(CHUNK_BYTES / (B * (int64_t)sizeof(T)), 1, P);
     const int64_t thread_bytes = roicore_round_up(
-        roicore_mul(roicore_mul(N, HW) + chunk, B * (int64_t)sizeof(T)), ROICORE_LINE);
+        roicore_mul(HW + chunk, B * (int64_t)sizeof(T)), ROICORE_LINE);
     if (thread_bytes < 0) return roicore_fail(err, ROICORE_ERR_MEMORY, "grad_input is too large");
     char *scratch = (char *)roicore_scratch(nt * thread_bytes + ROICORE_LINE,
                                             "the gradient's per-thread blocks", err);
@@ -235,14 +237,14 @@ int ROICORE_CAT(roicore_blocked_backward, SFX)(const BWD_JOB *job, roicore_run *
 #pragma omp parallel num_threads(nt)
     {
         T *acc = (T *)(scratch + omp_get_thread_num() * thread_bytes);
-        for (int64_t cb = roicore_take(next); cb < n_cb; cb = roicore_take(next)) {
+        for (int64_t task = roicore_take(next); task < n_tasks; task = roicore_take(next)) {
+            const int64_t cb = task / N, n = task % N;
             const int64_t c0 = cb * B, nb = roicore_min64(B, C - c0);
             const int64_t lanes = ROICORE_CAT(block_lanes, SFX)(nb, B);
-            T *gb = acc + N * HW * lanes;
-            memset(acc, 0, (size_t)((N * HW + chunk) * lanes) * sizeof(T));  /* gb's padding stays 0 */
+            T *gb = acc + HW * lanes;
+            memset(acc, 0, (size_t)((HW + chunk) * lanes) * sizeof(T));  /* gb's padding stays 0 */
             for (int64_t k = 0; k < K; ++k) {
-                const int64_t b = job->batch[k];
-                if (b < 0) continue;  /* masked */
+                if (job->batch[k] != n) continue;  /* another image's, or masked (-1) */
                 for (int64_t p0 = 0; p0 < P; p0 += chunk) {
                     if (roicore_stopping(run)) break;
                     const int64_t nbins = roicore_min64(chunk, P - p0);
@@ -251,18 +253,14 @@ int ROICORE_CAT(roicore_blocked_backward, SFX)(const BWD_JOB *job, roicore_run *
                     else
                         roicore_copy_rows(gdata + (k * P + p0) * C + c0, C, nbins, nb, gb, lanes, nb,
                                           sizeof(T));
-                    BWD_TASK t = {k, p0, p0 + nbins, c0, nb, lanes, gb, acc + b * HW * lanes, run};
+                    BWD_TASK t = {k, p0, p0 + nbins, c0, nb, lanes, gb, acc, run};
                     job->add(job->op, &t);
                 }
             }
-            for (int64_t n = 0; n < N; ++n) {
-                if (nchw_dx)
-                    TRANSPOSE(acc + n * HW * lanes, lanes, HW, nb, dxdata + (n * C + c0) * HW, HW,
-                              ROICORE_IN_CACHE);
-                else
-                    roicore_copy_rows(acc + n * HW * lanes, lanes, HW, nb, dxdata + n * HW * C + c0,
-                                      C, nb, sizeof(T));
-            }
+            if (nchw_dx)
+                TRANSPOSE(acc, lanes, HW, nb, dxdata + (n * C + c0) * HW, HW, ROICORE_IN_CACHE);
+            else
+                roicore_copy_rows(acc, lanes, HW, nb, dxdata + n * HW * C + c0, C, nb, sizeof(T));
         }
     }
     roicore_scratch_free(scratch);

@@ -474,12 +474,22 @@ def _thread_cases():
             x, rois, 7, 1 / 16, -1, True, convention=c, n_threads=n)
         yield f"roi_align backward {conv}", lambda n, c=conv: rc.roi_align_backward(
             y7, rois, x.shape, 1 / 16, -1, True, convention=c, n_threads=n)
-    # whole 64-channel blocks, a tail, and narrower blocks for more threads than blocks
-    wide = rng.standard_normal((2, 200, 19, 23)).astype(np.float32)
-    g_wide = rng.standard_normal((80, 200, 3, 3)).astype(np.float32)
-    yield "roi_align 200 channels", lambda n: rc.roi_align(wide, rois, 3, 1 / 16, 2, n_threads=n)
-    yield "roi_align backward 200 channels", lambda n: rc.roi_align_backward(
-        g_wide, rois, wide.shape, 1 / 16, 2, n_threads=n)
+    # one image: whole blocks of 8 vectors and a tail (1 and 2 threads), then narrower
+    # blocks, since blocks x images are fewer than 3 or 4 threads; the lanes of each go in
+    # groups of 4, 2 and 1 vectors (100 float32 channels: 64 + 40 lanes, then 40 + 40 + 24,
+    # then 32 x 3 + 8; 40 float64 channels: 32 + 8, then 16 + 16 + 8)
+    one = rois.copy()
+    one[:, 0] = 0
+    for dtype, C in ((np.float32, 100), (np.float64, 40)):
+        wide = rng.standard_normal((1, C, 19, 23)).astype(dtype)
+        g_wide = rng.standard_normal((80, C, 3, 3)).astype(dtype)
+        name = f"{C} {np.dtype(dtype).name} channels"
+        yield f"roi_align {name}", lambda n, w=wide: rc.roi_align(w, one, 3, 1 / 16, 2, n_threads=n)
+        yield f"roi_align backward {name}", lambda n, g=g_wide, w=wide: rc.roi_align_backward(
+            g, one, w.shape, 1 / 16, 2, n_threads=n)
+        yield f"roi_pool bilinear backward {name}", lambda n, g=g_wide, w=wide: rc.roi_pool_backward(
+            g, norm[:, 1:], w.shape, method="bilinear", batch_indices=np.zeros(80, np.int64),
+            n_threads=n)
 
 
 @pytest.mark.parametrize("name,run", list(_thread_cases()), ids=lambda v: v if isinstance(v, str) else "")
