@@ -187,29 +187,8 @@ ROICORE_INLINE void TYPED(align_bin)(const T *img, int64_t W, int64_t lanes, int
         ((VTu *)out)[q0 + q] = divide ? acc[q] / norm : acc[q] * norm;
 }
 
-/* All `lanes` of a bin, in groups of 8, 4, 2 and 1 vectors with constant widths, each
- * group's sums in registers: a whole block is one group, and a narrower one (the last
- * block, or the backward's blocks when there are fewer whole blocks than threads) walks its
- * samples at most four times rather than once per vector.  Lanes never mix, so the grouping
- * does not change a bit. */
-ROICORE_INLINE void TYPED(align_bin_lanes)(const T *img, int64_t W, int64_t lanes, SAMPLES y,
-                                           int64_t gy, SAMPLES x, int64_t gx, T norm, int divide,
-                                           T *restrict out) {
-    const int64_t nv = lanes / LANES;
-    int64_t q0 = 0;
-    for (int G = ROICORE_BLOCK_VECTORS; G >= 1; G /= 2) {
-        if (nv - q0 < G) continue;
-        switch (G) {  /* a constant width per call, so each group's loop unrolls */
-        case 8: TYPED(align_bin)(img, W, lanes, q0, 8, y, gy, x, gx, norm, divide, out); break;
-        case 4: TYPED(align_bin)(img, W, lanes, q0, 4, y, gy, x, gx, norm, divide, out); break;
-        case 2: TYPED(align_bin)(img, W, lanes, q0, 2, y, gy, x, gx, norm, divide, out); break;
-        default: TYPED(align_bin)(img, W, lanes, q0, 1, y, gy, x, gx, norm, divide, out); break;
-        }
-        q0 += G;
-    }
-}
-
-/* The forward's task: bins [p0, p1) of box k over one block. */
+/* The forward's task: bins [p0, p1) of box k over one block; whole blocks with all 8
+ * vectors in registers, the padded last block a vector at a time. */
 ROICORE_CLONES static void TYPED(align_task)(const void *opv, FWD_TASK *t) {
     const ALIGN_OP *op = (const ALIGN_OP *)opv;
     const int64_t k = t->k, PW = op->PW, gy = op->ygrid[k], gx = op->xgrid[k], lanes = t->lanes;
@@ -230,8 +209,13 @@ ROICORE_CLONES static void TYPED(align_task)(const void *opv, FWD_TASK *t) {
         for (int64_t pw = pw0; pw < pw1; ++pw) {
             if (gy * gx >= ROICORE_HEAVY_BIN && roicore_stopping(t->run)) break;
             const SAMPLES xs = TYPED(column_samples)(op, k, pw);
-            TYPED(align_bin_lanes)(t->img, op->W, lanes, ys, gy, xs, gx, norm, op->divide,
-                                   row + pw * lanes);
+            if (lanes == ROICORE_BLOCK_VECTORS * LANES)
+                TYPED(align_bin)(t->img, op->W, lanes, 0, ROICORE_BLOCK_VECTORS, ys, gy, xs, gx,
+                                 norm, op->divide, row + pw * lanes);
+            else
+                for (int64_t q0 = 0; q0 < lanes / LANES; ++q0)
+                    TYPED(align_bin)(t->img, op->W, lanes, q0, 1, ys, gy, xs, gx, norm, op->divide,
+                                     row + pw * lanes);
         }
     }
     roicore_pending_finish_all(t->pend, t->npend);
@@ -242,9 +226,9 @@ ROICORE_CLONES static void TYPED(align_task)(const void *opv, FWD_TASK *t) {
  * bin's gradient held in registers.  When count is a power of two, x / count and
  * x * (1 / count) are the same correctly rounded number, so it multiplies instead. */
 ROICORE_INLINE void TYPED(align_bin_grad)(T *img, int64_t W, int64_t lanes, int64_t q0,
-                                          int G, SAMPLES y, int64_t gy, SAMPLES x,
-                                          int64_t gx, const T *g, T count, int pow2,
-                                          T inv) {
+                                                 int G, SAMPLES y, int64_t gy, SAMPLES x,
+                                                 int64_t gx, const T *g, T count, int pow2,
+                                                 T inv) {
     typedef VT VTu __attribute__((aligned(sizeof(T))));
     VT gv[ROICORE_BLOCK_VECTORS];
     for (int q = 0; q < G; ++q) gv[q] = ((const VTu *)g)[q0 + q];
@@ -274,30 +258,31 @@ ROICORE_INLINE void TYPED(align_bin_grad)(T *img, int64_t W, int64_t lanes, int6
     }
 }
 
-/* The adjoint of a bin over all `lanes`, in the vector groups of align_bin_lanes. */
+/* The adjoint of a bin over all `lanes`, in groups of 8, 4, 2 and 1 vectors of constant
+ * width, each group's gradient in registers: a whole block is one group, and a narrower
+ * one (the backward's blocks when blocks and images are fewer than the threads, or the
+ * last block) walks the bin's samples at most four times rather than once per vector.
+ * Lanes never mix, so the grouping does not change a bit. */
 ROICORE_INLINE void TYPED(align_bin_grad_lanes)(T *img, int64_t W, int64_t lanes, SAMPLES y,
                                                 int64_t gy, SAMPLES x, int64_t gx, const T *g,
                                                 T count, int pow2, T inv) {
     const int64_t nv = lanes / LANES;
-    int64_t q0 = 0;
-    for (int G = ROICORE_BLOCK_VECTORS; G >= 1; G /= 2) {
-        if (nv - q0 < G) continue;
-        switch (G) {  /* as in align_bin_lanes */
-        case 8:
-            TYPED(align_bin_grad)(img, W, lanes, q0, 8, y, gy, x, gx, g, count, pow2, inv);
-            break;
-        case 4:
-            TYPED(align_bin_grad)(img, W, lanes, q0, 4, y, gy, x, gx, g, count, pow2, inv);
-            break;
-        case 2:
-            TYPED(align_bin_grad)(img, W, lanes, q0, 2, y, gy, x, gx, g, count, pow2, inv);
-            break;
-        default:
-            TYPED(align_bin_grad)(img, W, lanes, q0, 1, y, gy, x, gx, g, count, pow2, inv);
-            break;
-        }
-        q0 += G;
+    if (nv == ROICORE_BLOCK_VECTORS) {
+        TYPED(align_bin_grad)(img, W, lanes, 0, ROICORE_BLOCK_VECTORS, y, gy, x, gx, g, count, pow2,
+                              inv);
+        return;
     }
+    int64_t q0 = 0;
+    if (nv - q0 >= 4) {
+        TYPED(align_bin_grad)(img, W, lanes, q0, 4, y, gy, x, gx, g, count, pow2, inv);
+        q0 += 4;
+    }
+    if (nv - q0 >= 2) {
+        TYPED(align_bin_grad)(img, W, lanes, q0, 2, y, gy, x, gx, g, count, pow2, inv);
+        q0 += 2;
+    }
+    if (nv - q0 >= 1)
+        TYPED(align_bin_grad)(img, W, lanes, q0, 1, y, gy, x, gx, g, count, pow2, inv);
 }
 
 /* The backward's task: box k's bins [p0, p1) added into one block's accumulator, in (ph,
