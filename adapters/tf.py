@@ -509,7 +509,9 @@ def roi_align(images, boxes, box_indices, output_size, spatial_scale=1.0, sampli
       box_indices: (K,) int32/int64 tensor in [0, N).
       output_size: int or (PH, PW).
       spatial_scale: feature-map size over image size.
-      sampling_ratio: samples per bin and axis; -1 or 0 for ``ceil(bin size)``.
+      sampling_ratio: samples per bin and axis; -1 or 0 for ``ceil(bin size)``, which grows
+        with the box (a 25 x 25 feature-pixel box pooled to 7 x 7 takes 4 x 4 samples per
+        bin) and the cost with it; torchvision's Faster R-CNN passes 2.
       aligned: shift boxes by -0.5 pixel (pixel centres), as Detectron2's ROIAlignV2.
       data_format: "NHWC" (default; transpose copies of input, output and gradients) or
         "NCHW" (no copy).
