@@ -12,6 +12,7 @@
 #define BWD_TASK ROICORE_CAT(roicore_bwd_task, SFX)
 #define BWD_JOB ROICORE_CAT(roicore_bwd_job, SFX)
 #define ALIGN_OP TYPED(align_op)
+#define BLOCK_LANES (ROICORE_BLOCK_VECTORS * LANES)  /* a whole block's lanes per pixel */
 
 #include "align_samples_typed.h"
 
@@ -127,8 +128,8 @@ static int TYPED(align_tables)(ALIGN_OP *op, const roicore_boxes *boxes, double 
     return ROICORE_OK;
 }
 
-/* The samples of bin row ph / bin column pw of box k: from the shared tables, or built now
- * into the calling thread's piece. */
+/* The samples of bin row (column) p of box k built into the calling thread's piece, when
+ * the tables are not shared. */
 static SAMPLES TYPED(piece)(const ALIGN_OP *op, int64_t k, int64_t p, int column) {
     char *mine = op->pieces + omp_get_thread_num() * op->piece_bytes;
     SAMPLES s = TYPED(carve)(column ? mine + TYPED(samples_bytes)(op->max_grid) : mine, op->max_grid);
@@ -138,13 +139,18 @@ static SAMPLES TYPED(piece)(const ALIGN_OP *op, int64_t k, int64_t p, int column
         TYPED(bin_samples)(op->ystart[k], op->ybin[k], op->ygrid[k], p, op->H, op->sampler, s);
     return s;
 }
-ROICORE_INLINE SAMPLES TYPED(row_samples)(const ALIGN_OP *op, int64_t k, int64_t ph) {
-    if (op->y.lo) return TYPED(samples_at)(op->y, op->yoff[k] + ph * op->ygrid[k]);
-    return TYPED(piece)(op, k, ph, 0);
+
+/* Box k's slice of one axis' shared table (lo == NULL when the tables are not shared). */
+ROICORE_INLINE SAMPLES TYPED(box_samples)(SAMPLES table, const int64_t *offset, int64_t k) {
+    return table.lo ? TYPED(samples_at)(table, offset[k]) : table;
 }
-ROICORE_INLINE SAMPLES TYPED(column_samples)(const ALIGN_OP *op, int64_t k, int64_t pw) {
-    if (op->y.lo) return TYPED(samples_at)(op->x, op->xoff[k] + pw * op->xgrid[k]);
-    return TYPED(piece)(op, k, pw, 1);
+
+/* The samples of bin row (or column) p of box k, `grid` per bin: from the box's slice of
+ * the shared tables, or built now into the calling thread's piece. */
+ROICORE_INLINE SAMPLES TYPED(axis_samples)(const ALIGN_OP *op, SAMPLES box, int64_t k, int64_t p,
+                                           int64_t grid, int column) {
+    if (box.lo) return TYPED(samples_at)(box, p * grid);
+    return TYPED(piece)(op, k, p, column);
 }
 
 /* A bin's gy x gx samples summed per lane from 0 in (iy, ix) order as
@@ -191,34 +197,54 @@ ROICORE_INLINE void TYPED(align_bin)(const T *img, int64_t W, int64_t lanes, int
  * vectors in registers, the padded last block a vector at a time. */
 ROICORE_CLONES static void TYPED(align_task)(const void *opv, FWD_TASK *t) {
     const ALIGN_OP *op = (const ALIGN_OP *)opv;
-    const int64_t k = t->k, PW = op->PW, gy = op->ygrid[k], gx = op->xgrid[k], lanes = t->lanes;
+    /* fields in locals: after a stop check, which may call out, the compiler would load
+       every field it reads through op and t again */
+    const int64_t k = t->k, p0 = t->p0, p1 = t->p1, lanes = t->lanes, PW = op->PW, W = op->W;
+    const int64_t gy = op->ygrid[k], gx = op->xgrid[k];
+    const int divide = op->divide, heavy = gy * gx >= ROICORE_HEAVY_BIN;
+    const T *img = t->img;
+    T *acc = t->acc;
+    roicore_pending *pend = t->pend;
+    const int npend = t->npend;
+    roicore_run *run = t->run;
     T norm = 0;
     if (gy > 0 && gx > 0)
-        norm = op->divide ? (T)(gy * gx) : (T)(1.0 / (double)(gy * gx));  /* Paddle: in double */
-    for (int64_t ph = t->p0 / PW; ph <= (t->p1 - 1) / PW; ++ph) {
-        roicore_pending_step_all(t->pend, t->npend);
-        if (roicore_stopping(t->run)) break;
+        norm = divide ? (T)(gy * gx) : (T)(1.0 / (double)(gy * gx));  /* Paddle: in double */
+    const SAMPLES ybox = TYPED(box_samples)(op->y, op->yoff, k);
+    const SAMPLES xbox = TYPED(box_samples)(op->x, op->xoff, k);
+    /* a whole block, shared tables, no stop checks inside a row */
+    const int plain = lanes == BLOCK_LANES && xbox.lo && !heavy;
+    for (int64_t ph = p0 / PW; ph <= (p1 - 1) / PW; ++ph) {
+        roicore_pending_step_all(pend, npend);
+        if (roicore_stopping(run)) break;
         int64_t pw0, pw1;
-        roicore_task_row(t->p0, t->p1, PW, ph, &pw0, &pw1);
-        T *row = t->acc + (ph * PW - t->p0) * lanes;  /* bin (ph, pw) at row + pw * lanes */
+        roicore_task_row(p0, p1, PW, ph, &pw0, &pw1);
+        T *row = acc + (ph * PW - p0) * lanes;  /* bin (ph, pw) at row + pw * lanes */
         if (gy <= 0 || gx <= 0) {  /* no samples: Paddle computes an empty sum times 1/0 */
             for (int64_t c = pw0 * lanes; c < pw1 * lanes; ++c) row[c] = op->empty_nan ? (T)NAN : 0;
             continue;
         }
-        const SAMPLES ys = TYPED(row_samples)(op, k, ph);
+        const SAMPLES ys = TYPED(axis_samples)(op, ybox, k, ph, gy, 0);
+        if (plain) {  /* the common case, with nothing to decide per bin */
+            for (int64_t pw = pw0; pw < pw1; ++pw)
+                TYPED(align_bin)(img, W, BLOCK_LANES, 0, ROICORE_BLOCK_VECTORS, ys, gy,
+                                 TYPED(samples_at)(xbox, pw * gx), gx, norm, divide,
+                                 row + pw * BLOCK_LANES);
+            continue;
+        }
         for (int64_t pw = pw0; pw < pw1; ++pw) {
-            if (gy * gx >= ROICORE_HEAVY_BIN && roicore_stopping(t->run)) break;
-            const SAMPLES xs = TYPED(column_samples)(op, k, pw);
-            if (lanes == ROICORE_BLOCK_VECTORS * LANES)
-                TYPED(align_bin)(t->img, op->W, lanes, 0, ROICORE_BLOCK_VECTORS, ys, gy, xs, gx,
-                                 norm, op->divide, row + pw * lanes);
+            if (heavy && roicore_stopping(run)) break;
+            const SAMPLES xs = TYPED(axis_samples)(op, xbox, k, pw, gx, 1);
+            if (lanes == BLOCK_LANES)
+                TYPED(align_bin)(img, W, lanes, 0, ROICORE_BLOCK_VECTORS, ys, gy, xs, gx, norm,
+                                 divide, row + pw * lanes);
             else
                 for (int64_t q0 = 0; q0 < lanes / LANES; ++q0)
-                    TYPED(align_bin)(t->img, op->W, lanes, q0, 1, ys, gy, xs, gx, norm, op->divide,
+                    TYPED(align_bin)(img, W, lanes, q0, 1, ys, gy, xs, gx, norm, divide,
                                      row + pw * lanes);
         }
     }
-    roicore_pending_finish_all(t->pend, t->npend);
+    roicore_pending_finish_all(pend, npend);
 }
 
 /* The adjoint of one bin: each in-map sample adds, corner by corner (corners may
@@ -289,22 +315,37 @@ ROICORE_INLINE void TYPED(align_bin_grad_lanes)(T *img, int64_t W, int64_t lanes
  * pw, iy, ix) order. */
 ROICORE_CLONES static void TYPED(align_grad_task)(const void *opv, BWD_TASK *t) {
     const ALIGN_OP *op = (const ALIGN_OP *)opv;
-    const int64_t k = t->k, PW = op->PW, gy = op->ygrid[k], gx = op->xgrid[k], lanes = t->lanes;
+    /* fields in locals, as in align_task */
+    const int64_t k = t->k, p0 = t->p0, p1 = t->p1, lanes = t->lanes, PW = op->PW, W = op->W;
+    const int64_t gy = op->ygrid[k], gx = op->xgrid[k];
     if (gy <= 0 || gx <= 0) return;
+    const int heavy = gy * gx >= ROICORE_HEAVY_BIN;
+    T *img = t->img;
+    const T *grad = t->g;
+    roicore_run *run = t->run;
     const T count = (T)(gy * gx);
     const int64_t whole = (int64_t)count;
     const int pow2 = (T)whole == count && whole > 0 && (whole & (whole - 1)) == 0;
     const T inv = (T)1 / count;
-    for (int64_t ph = t->p0 / PW; ph <= (t->p1 - 1) / PW; ++ph) {
+    const SAMPLES ybox = TYPED(box_samples)(op->y, op->yoff, k);
+    const SAMPLES xbox = TYPED(box_samples)(op->x, op->xoff, k);
+    const int plain = lanes == BLOCK_LANES && xbox.lo && !heavy;  /* as in align_task */
+    for (int64_t ph = p0 / PW; ph <= (p1 - 1) / PW; ++ph) {
         int64_t pw0, pw1;
-        roicore_task_row(t->p0, t->p1, PW, ph, &pw0, &pw1);
-        const SAMPLES ys = TYPED(row_samples)(op, k, ph);
+        roicore_task_row(p0, p1, PW, ph, &pw0, &pw1);
+        const SAMPLES ys = TYPED(axis_samples)(op, ybox, k, ph, gy, 0);
+        if (plain) {
+            for (int64_t pw = pw0; pw < pw1; ++pw)
+                TYPED(align_bin_grad)(img, W, BLOCK_LANES, 0, ROICORE_BLOCK_VECTORS, ys, gy,
+                                      TYPED(samples_at)(xbox, pw * gx), gx,
+                                      grad + (ph * PW + pw - p0) * BLOCK_LANES, count, pow2, inv);
+            continue;
+        }
         for (int64_t pw = pw0; pw < pw1; ++pw) {
-            if (gy * gx >= ROICORE_HEAVY_BIN && roicore_stopping(t->run)) return;
-            const SAMPLES xs = TYPED(column_samples)(op, k, pw);
-            const T *g = t->g + (ph * PW + pw - t->p0) * lanes;
-            TYPED(align_bin_grad_lanes)(t->img, op->W, lanes, ys, gy, xs, gx, g, count, pow2,
-                                        inv);
+            if (heavy && roicore_stopping(run)) return;
+            const SAMPLES xs = TYPED(axis_samples)(op, xbox, k, pw, gx, 1);
+            const T *g = grad + (ph * PW + pw - p0) * lanes;
+            TYPED(align_bin_grad_lanes)(img, W, lanes, ys, gy, xs, gx, g, count, pow2, inv);
         }
     }
 }
@@ -350,4 +391,5 @@ static int TYPED(align_run)(int forward, const roicore_roi_align_rules *rules,
 #undef BWD_TASK
 #undef BWD_JOB
 #undef ALIGN_OP
+#undef BLOCK_LANES
 #undef SAMPLES
