@@ -27,6 +27,7 @@ static int crop_forward(int nearest, const roicore_bilinear_pool_rules *rules,
     if (boxes->k == 0 || x->c == 0) return ROICORE_OK;
     roicore_run run;
     roicore_run_init(&run, exec);
+    roicore_advise_output(out->data, roicore_tensor_bytes(out));
     if (x->dtype == ROICORE_FLOAT32)
         return crop_run_f32(1, nearest, rules, x, out, boxes, extrapolation_value, &run, err);
     return crop_run_f64(1, nearest, rules, x, out, boxes, extrapolation_value, &run, err);
@@ -44,6 +45,7 @@ static int crop_backward(int nearest, const roicore_bilinear_pool_rules *rules,
         return rc;
     roicore_run run;
     roicore_run_init(&run, exec);
+    roicore_advise_output(dx->data, roicore_tensor_bytes(dx));
     if (dx->dtype == ROICORE_FLOAT32)
         return crop_run_f32(0, nearest, rules, dx, g, boxes, 0.0, &run, err);
     return crop_run_f64(0, nearest, rules, dx, g, boxes, 0.0, &run, err);

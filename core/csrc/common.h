@@ -180,6 +180,13 @@ void roicore_leave(int64_t *left, roicore_run *run);
 void *roicore_scratch(int64_t bytes, const char *what, roicore_error *err);
 void roicore_scratch_free(void *p);
 
+/* Asks the kernel to back an output of 4 MiB or more with huge pages, where it does so on
+ * request (Linux transparent huge pages in "madvise" mode): an output the caller has just
+ * allocated then faults once per 2 MiB as it is written, not once per 4 KiB page.  NumPy
+ * advises its own large arrays the same way; other frameworks' allocators do not.  Only
+ * the whole huge pages inside [data, data + bytes) are advised; a no-op elsewhere. */
+void roicore_advise_output(void *data, int64_t bytes);
+
 /* a*b (and a*b*c...) in int64 unless it overflows: then -1 */
 int64_t roicore_mul(int64_t a, int64_t b);
 

@@ -35,6 +35,7 @@ int roicore_ps_roi_align_forward(const roicore_ps_roi_align_rules *rules,
     if (boxes->k == 0 || out->c == 0) return ROICORE_OK;
     roicore_run run;
     roicore_run_init(&run, exec);
+    roicore_advise_output(out->data, roicore_tensor_bytes(out));
     if (x->dtype == ROICORE_FLOAT32)
         return ps_align_forward_f32(x, boxes, scale, sampling_ratio, out, &run, err);
     return ps_align_forward_f64(x, boxes, scale, sampling_ratio, out, &run, err);
@@ -54,6 +55,7 @@ int roicore_ps_roi_align_backward(const roicore_ps_roi_align_rules *rules,
         return rc;
     roicore_run run;
     roicore_run_init(&run, exec);
+    roicore_advise_output(dx->data, roicore_tensor_bytes(dx));
     if (dx->dtype == ROICORE_FLOAT32)
         return ps_align_backward_f32(g, boxes, scale, sampling_ratio, dx, &run, err);
     return ps_align_backward_f64(g, boxes, scale, sampling_ratio, dx, &run, err);

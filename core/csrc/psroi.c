@@ -76,6 +76,7 @@ int roicore_psroi_pool_forward(const roicore_psroi_pool_rules *rules, const roic
     if (boxes->k > 0 && out->c > 0) {
         roicore_run run;
         roicore_run_init(&run, exec);
+        roicore_advise_output(out->data, roicore_tensor_bytes(out));
         roicore_tensor planes;  /* an NHWC map is pooled from an NCHW copy */
         if ((rc = nchw_planes(x, "the map's NCHW copy", &planes, err))) {
             roicore_scratch_free(ps.tables);
@@ -118,6 +119,7 @@ int roicore_psroi_pool_backward(const roicore_psroi_pool_rules *rules,
     } else {
         roicore_run run;
         roicore_run_init(&run, exec);
+        roicore_advise_output(dx->data, roicore_tensor_bytes(dx));
         roicore_tensor planes;  /* an NHWC gradient is added up in NCHW planes, then moved */
         if ((rc = nchw_planes(dx, "the gradient's NCHW planes", &planes, err))) {
             roicore_scratch_free(ps.tables);

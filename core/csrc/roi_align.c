@@ -31,6 +31,7 @@ int roicore_roi_align_forward(const roicore_roi_align_rules *rules, const roicor
     if (boxes->k == 0 || x->c == 0) return ROICORE_OK;
     roicore_run run;
     roicore_run_init(&run, exec);
+    roicore_advise_output(out->data, roicore_tensor_bytes(out));
     if (x->dtype == ROICORE_FLOAT32)
         return align_run_f32(1, rules, x, out, boxes, scale, sampling_ratio, aligned, &run, err);
     return align_run_f64(1, rules, x, out, boxes, scale, sampling_ratio, aligned, &run, err);
@@ -52,6 +53,7 @@ int roicore_roi_align_backward(const roicore_roi_align_rules *rules,
         return rc;
     roicore_run run;
     roicore_run_init(&run, exec);
+    roicore_advise_output(dx->data, roicore_tensor_bytes(dx));
     if (dx->dtype == ROICORE_FLOAT32)
         return align_run_f32(0, rules, dx, g, boxes, scale, sampling_ratio, aligned, &run, err);
     return align_run_f64(0, rules, dx, g, boxes, scale, sampling_ratio, aligned, &run, err);

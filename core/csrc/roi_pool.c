@@ -67,6 +67,8 @@ int roicore_roi_pool_max_forward(const roicore_max_pool_rules *rules, const roic
     if (boxes->k == 0 || x->c == 0) return ROICORE_OK;
     roicore_run run;
     roicore_run_init(&run, exec);
+    roicore_advise_output(out->data, out_bytes);
+    roicore_advise_output(argmax, arg_bytes);
     if (x->dtype == ROICORE_FLOAT32)
         return max_forward_f32(rules, x, boxes, scale, out, argmax, argmax_type, &run, err);
     return max_forward_f64(rules, x, boxes, scale, out, argmax, argmax_type, &run, err);
@@ -92,6 +94,7 @@ int roicore_roi_pool_max_backward(const roicore_max_pool_rules *rules,
         return rc;
     roicore_run run;
     roicore_run_init(&run, exec);
+    roicore_advise_output(dx->data, dx_bytes);
     const int global = rules->argmax == ROICORE_ARGMAX_GLOBAL;
     int64_t bad = 0;
     rc = dx->dtype == ROICORE_FLOAT32

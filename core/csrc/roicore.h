@@ -18,7 +18,10 @@
  * field; each enum value is named after the Python literal it stands for.
  *
  * Arrays are dense and C-contiguous in their layout; float arrays need only their
- * element's alignment.  Outputs must not overlap inputs.  This header needs only C99.
+ * element's alignment.  Outputs must not overlap inputs.  On Linux, the whole 2 MiB pages
+ * inside an output of 4 MiB or more are advised for transparent huge pages (madvise
+ * MADV_HUGEPAGE) before it is written, so a freshly mapped output faults once per huge
+ * page.  This header needs only C99.
  */
 #ifndef ROICORE_H
 #define ROICORE_H

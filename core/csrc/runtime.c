@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -301,6 +302,21 @@ static char *pop_oldest(void) {
     kept[oldest] = NULL;
     kept_bytes -= header_of(block)->bytes;
     return block;
+}
+
+#define HUGE_PAGE ((uintptr_t)2 << 20)
+#define ADVISE_MIN_BYTES ((int64_t)4 << 20)
+
+void roicore_advise_output(void *data, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    if (!data || bytes < ADVISE_MIN_BYTES) return;
+    const uintptr_t first = ((uintptr_t)data + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1);
+    const uintptr_t end = ((uintptr_t)data + (uintptr_t)bytes) & ~(HUGE_PAGE - 1);
+    /* a hint: where the kernel refuses it (no THP, a file mapping), nothing changes */
+    if (end > first) (void)madvise((void *)first, end - first, MADV_HUGEPAGE);
+#else
+    (void)data, (void)bytes;
+#endif
 }
 
 void roicore_scratch_free(void *p) {
