@@ -11,6 +11,10 @@
  * bins [p0, p1) of one box over one block into a (bin, lane) buffer, which the skeleton
  * transposes into the output's (channel, bin) planes (NCHW) or copies into its rows (NHWC),
  * through non-temporal stores spread over the thread's next task when the output is large.
+ * An operator that reads a single sample per bin (bilinear pooling) gains nothing from
+ * blocks that stay in cache across samples, and asks for `rows`: with NHWC in and out, all
+ * channels then form one block, a map whose channels fill whole vectors is read in place,
+ * and each bin's results go out as one contiguous row, as crop_and_resize writes them.
  * Tasks run block-major, so a thread's consecutive tasks read the same block of the map;
  * threads take them one at a time from a shared counter, so a short last block leaves no
  * thread idle, and pack the blocks of x inside the same parallel region first.
@@ -83,6 +87,8 @@ static inline void roicore_region_include(int64_t *region, int64_t n, int64_t r0
                                      /* read, besides pixel (0, 0); NULL: the whole map */    \
         const void *op;                                                                        \
         void (*pool)(const void *op, roicore_fwd_task_##SFX *task);                            \
+        int rows;                    /* one sample per bin: NHWC in and out take all their */ \
+                                     /* channels as one block, read x's pixel rows in place */\
     } roicore_fwd_job_##SFX;                                                                   \
                                                                                                \
     typedef struct {                                                                           \

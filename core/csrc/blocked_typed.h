@@ -74,13 +74,16 @@ int ROICORE_CAT(roicore_blocked_forward, SFX)(const FWD_JOB *job, roicore_run *r
     const int64_t N = x->n, C = x->c, HW = x->h * x->w;
     const int64_t K = out->n, PW = out->w, P = out->h * out->w;
     if (K == 0 || C == 0) return ROICORE_OK;
-    const int64_t B = BLOCK, n_cb = (C + B - 1) / B, last_c0 = (n_cb - 1) * B;
+    const int nhwc = out->layout == ROICORE_NHWC;
+    const int rows = job->rows && nhwc && x->layout == ROICORE_NHWC;
+    const int64_t B = rows ? roicore_round_up(C, 8) : BLOCK;
+    const int64_t n_cb = (C + B - 1) / B, last_c0 = (n_cb - 1) * B;
     const int64_t Cp = last_c0 + ROICORE_CAT(block_lanes, SFX)(C - last_c0, B);
+    const int in_place = rows && Cp == C;  /* the map's pixels are the block's: no copy */
     const int64_t chunk = roicore_clamp64(CHUNK_BYTES / (B * (int64_t)sizeof(T)), 1, P);
     const int64_t n_chunks = (P + chunk - 1) / chunk, per_box = n_chunks;
     const int64_t n_tasks = n_cb * K * n_chunks;
     const int64_t steps = (chunk + PW - 1) / PW;  /* rows of bins in a chunk */
-    const int nhwc = out->layout == ROICORE_NHWC;
     const int stream = roicore_tensor_bytes(out) >= ROICORE_STREAM_BYTES;
     const int want_arg = job->argmax != NULL;
     const roicore_index_type itype = job->argmax_type;
@@ -91,7 +94,8 @@ int ROICORE_CAT(roicore_blocked_forward, SFX)(const FWD_JOB *job, roicore_run *r
 
     /* one allocation: x in blocks, then per thread two (bin, lane) buffers, the int32
      * argmax and its staged copy, and the pending write-outs; then the counters */
-    const int64_t xb_size = roicore_round_up(roicore_mul(roicore_mul(N, Cp), HW), 64 / sizeof(T));
+    const int64_t xb_size =
+        in_place ? 0 : roicore_round_up(roicore_mul(roicore_mul(N, Cp), HW), 64 / sizeof(T));
     const int64_t thread_bytes = roicore_round_up(
         chunk * B * (2 * (int64_t)sizeof(T) + 4 + isz) + 2 * (int64_t)sizeof(roicore_pending),
         ROICORE_LINE);
@@ -100,7 +104,7 @@ int ROICORE_CAT(roicore_blocked_forward, SFX)(const FWD_JOB *job, roicore_run *r
     const int64_t total = xb_size * (int64_t)sizeof(T) + nt * thread_bytes + n_counters * ROICORE_LINE;
     char *scratch = (char *)roicore_scratch(total, "the blocked copy of x", err);
     if (!scratch) return err ? err->code : ROICORE_ERR_MEMORY;
-    T *xb = (T *)scratch;
+    const T *xb = in_place ? (const T *)x->data : (const T *)scratch;
     char *threads = scratch + xb_size * (int64_t)sizeof(T);
     int64_t *counters = (int64_t *)(threads + nt * thread_bytes);
     memset(counters, 0, (size_t)(n_counters * ROICORE_LINE));
@@ -116,12 +120,13 @@ int ROICORE_CAT(roicore_blocked_forward, SFX)(const FWD_JOB *job, roicore_run *r
         roicore_pending *pend = (roicore_pending *)((char *)arg_staged + chunk * B * isz);
         int npend = 0, cur = 0;
 
-        for (int64_t t = roicore_take(next_pack); t < N * n_cb; t = roicore_take(next_pack)) {
+        for (int64_t t = roicore_take(next_pack); !in_place && t < N * n_cb;
+             t = roicore_take(next_pack)) {
             if (roicore_stopping(run)) break;
             const int64_t cb = t / N, n = t % N, c0 = cb * B, nb = roicore_min64(B, C - c0);
             ROICORE_CAT(pack_block, SFX)(x, job->region, n, c0, nb,
                                          ROICORE_CAT(block_lanes, SFX)(nb, B),
-                                         xb + n * Cp * HW + c0 * HW);
+                                         (T *)scratch + n * Cp * HW + c0 * HW);
             roicore_done(packed + cb * ROICORE_COUNTER_STRIDE);
         }
 
@@ -131,7 +136,7 @@ int ROICORE_CAT(roicore_blocked_forward, SFX)(const FWD_JOB *job, roicore_run *r
             const int64_t k = r / per_box, p0 = (r % per_box) * chunk, p1 = roicore_min64(P, p0 + chunk);
             const int64_t c0 = cb * B, nb = roicore_min64(B, C - c0), nbins = p1 - p0;
             const int64_t lanes = ROICORE_CAT(block_lanes, SFX)(nb, B), b = job->batch[k];
-            if (cb != ready) {
+            if (cb != ready && !in_place) {
                 if (roicore_await(packed + cb * ROICORE_COUNTER_STRIDE, N, run)) break;
                 ready = cb;
             }

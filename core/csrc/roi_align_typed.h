@@ -373,7 +373,7 @@ static int TYPED(align_run)(int forward, const roicore_roi_align_rules *rules,
     if (rc == ROICORE_OK) {
         if (forward) {
             const FWD_JOB job = {map, pooled, boxes->batch, NULL, ROICORE_INT32, 0, op.region,
-                                 &op, TYPED(align_task)};
+                                 &op, TYPED(align_task), 0};
             rc = ROICORE_CAT(roicore_blocked_forward, SFX)(&job, run, err);
         } else {
             const BWD_JOB job = {pooled, map, boxes->batch, &op, TYPED(align_grad_task)};

@@ -473,10 +473,10 @@ static array to_nhwc(array a, int64_t n, int64_t c, int64_t h, int64_t w) {
 }
 
 /* Every operator and direction reading and writing NHWC gives, element for element, the
- * bits it gives in NCHW (70 channels: a whole block and a padded one; global and plane
- * argmax, int32 and int64). */
-static void nhwc_layouts(void) {
-    enum { N = 2, C = 70, H = 9, W = 12, K = 7, P = 3 };
+ * bits it gives in NCHW (70 channels: a whole block and a padded one; 64: bilinear pooling
+ * reads an NHWC map in place; global and plane argmax, int32 and int64). */
+static void nhwc_layouts(int64_t C) {
+    enum { N = 2, H = 9, W = 12, K = 7, P = 3 };
     uint64_t seed = 7;
     for (int d = 0; d < 2; ++d) {
         roicore_dtype dt = DTYPES[d];
@@ -835,7 +835,8 @@ int main(void) {
     torchvision_ps();
     roi_align_vectors();
     thread_invariance();
-    nhwc_layouts();
+    nhwc_layouts(70);
+    nhwc_layouts(64);
     nhwc_psroi_cells();
     bad_input();
     scratch_keeping();
