@@ -6,7 +6,6 @@
 #define BWD_TASK ROICORE_CAT(roicore_bwd_task, SFX)
 #define BWD_JOB ROICORE_CAT(roicore_bwd_job, SFX)
 #define TRANSPOSE ROICORE_CAT(roicore_transpose, SFX)
-#define BLOCK (ROICORE_BLOCK_VECTORS * LANES)
 /* Bins per task: a box's (bin, lane) results take at most this much scratch, so a task's
  * buffers stay in L2 however large the pooled size. */
 #define CHUNK_BYTES (64 << 10)
@@ -76,7 +75,7 @@ int ROICORE_CAT(roicore_blocked_forward, SFX)(const FWD_JOB *job, roicore_run *r
     if (K == 0 || C == 0) return ROICORE_OK;
     const int nhwc = out->layout == ROICORE_NHWC;
     const int rows = job->rows && nhwc && x->layout == ROICORE_NHWC;
-    const int64_t B = rows ? roicore_round_up(C, 8) : BLOCK;
+    const int64_t B = rows ? roicore_round_up(C, 8) : ROICORE_BLOCK_LANES;
     const int64_t n_cb = (C + B - 1) / B, last_c0 = (n_cb - 1) * B;
     const int64_t Cp = last_c0 + ROICORE_CAT(block_lanes, SFX)(C - last_c0, B);
     const int in_place = rows && Cp == C;  /* the map's pixels are the block's: no copy */
@@ -224,9 +223,9 @@ int ROICORE_CAT(roicore_blocked_backward, SFX)(const BWD_JOB *job, roicore_run *
     const int nt = run->n_threads;
     /* a task per block and image; narrower blocks when that makes fewer tasks than threads,
        so each thread has one */
-    int64_t B = BLOCK;
+    int64_t B = ROICORE_BLOCK_LANES;
     if ((C + B - 1) / B * N < nt)
-        B = roicore_clamp64(roicore_round_up((C * N + nt - 1) / nt, 8), 8, BLOCK);
+        B = roicore_clamp64(roicore_round_up((C * N + nt - 1) / nt, 8), 8, ROICORE_BLOCK_LANES);
     const int64_t n_cb = (C + B - 1) / B, n_tasks = n_cb * N;
     const int64_t chunk = roicore_clamp64(CHUNK_BYTES / (B * (int64_t)sizeof(T)), 1, P);
     const int64_t thread_bytes = roicore_round_up(
@@ -277,5 +276,4 @@ int ROICORE_CAT(roicore_blocked_backward, SFX)(const BWD_JOB *job, roicore_run *
 #undef BWD_TASK
 #undef BWD_JOB
 #undef TRANSPOSE
-#undef BLOCK
 #undef CHUNK_BYTES

@@ -209,5 +209,7 @@ typedef int32_t roicore_vi32x4 __attribute__((vector_size(16)));
  * 256 bytes per pixel), so a bin's running results over a whole block live in 8 vector
  * registers. */
 #define ROICORE_BLOCK_VECTORS 8
+/* Lanes per pixel of a whole block, in a dtype template (LANES: values per vector). */
+#define ROICORE_BLOCK_LANES (ROICORE_BLOCK_VECTORS * LANES)
 
 #endif

@@ -92,7 +92,7 @@ VARIANT_ATTR ROICORE_INLINE void VNAME(max_box)(const MAX_OP *op, FWD_TASK *t,
                 if (arg) for (int64_t c = 0; c < lanes; ++c) arg[c] = -1;
                 continue;
             }
-            if (lanes == ROICORE_BLOCK_VECTORS * LANES) {
+            if (lanes == ROICORE_BLOCK_LANES) {
                 for (int q0 = 0; q0 < ROICORE_BLOCK_VECTORS; q0 += G)
                     VNAME(max_group)(img, W, lanes, q0, G, hs[ph], he[ph], ws[pw], we[pw],
                                      compare, first, init, acc, arg, lane_step, abase, astep);

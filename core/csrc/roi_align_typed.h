@@ -12,7 +12,6 @@
 #define BWD_TASK ROICORE_CAT(roicore_bwd_task, SFX)
 #define BWD_JOB ROICORE_CAT(roicore_bwd_job, SFX)
 #define ALIGN_OP TYPED(align_op)
-#define BLOCK_LANES (ROICORE_BLOCK_VECTORS * LANES)  /* a whole block's lanes per pixel */
 
 #include "align_samples_typed.h"
 
@@ -213,7 +212,7 @@ ROICORE_CLONES static void TYPED(align_task)(const void *opv, FWD_TASK *t) {
     const SAMPLES ybox = TYPED(box_samples)(op->y, op->yoff, k);
     const SAMPLES xbox = TYPED(box_samples)(op->x, op->xoff, k);
     /* a whole block, shared tables, no stop checks inside a row */
-    const int plain = lanes == BLOCK_LANES && xbox.lo && !heavy;
+    const int plain = lanes == ROICORE_BLOCK_LANES && xbox.lo && !heavy;
     for (int64_t ph = p0 / PW; ph <= (p1 - 1) / PW; ++ph) {
         roicore_pending_step_all(pend, npend);
         if (roicore_stopping(run)) break;
@@ -227,15 +226,15 @@ ROICORE_CLONES static void TYPED(align_task)(const void *opv, FWD_TASK *t) {
         const SAMPLES ys = TYPED(axis_samples)(op, ybox, k, ph, gy, 0);
         if (plain) {  /* the common case, with nothing to decide per bin */
             for (int64_t pw = pw0; pw < pw1; ++pw)
-                TYPED(align_bin)(img, W, BLOCK_LANES, 0, ROICORE_BLOCK_VECTORS, ys, gy,
+                TYPED(align_bin)(img, W, ROICORE_BLOCK_LANES, 0, ROICORE_BLOCK_VECTORS, ys, gy,
                                  TYPED(samples_at)(xbox, pw * gx), gx, norm, divide,
-                                 row + pw * BLOCK_LANES);
+                                 row + pw * ROICORE_BLOCK_LANES);
             continue;
         }
         for (int64_t pw = pw0; pw < pw1; ++pw) {
             if (heavy && roicore_stopping(run)) break;
             const SAMPLES xs = TYPED(axis_samples)(op, xbox, k, pw, gx, 1);
-            if (lanes == BLOCK_LANES)
+            if (lanes == ROICORE_BLOCK_LANES)
                 TYPED(align_bin)(img, W, lanes, 0, ROICORE_BLOCK_VECTORS, ys, gy, xs, gx, norm,
                                  divide, row + pw * lanes);
             else
@@ -329,16 +328,17 @@ ROICORE_CLONES static void TYPED(align_grad_task)(const void *opv, BWD_TASK *t) 
     const T inv = (T)1 / count;
     const SAMPLES ybox = TYPED(box_samples)(op->y, op->yoff, k);
     const SAMPLES xbox = TYPED(box_samples)(op->x, op->xoff, k);
-    const int plain = lanes == BLOCK_LANES && xbox.lo && !heavy;  /* as in align_task */
+    const int plain = lanes == ROICORE_BLOCK_LANES && xbox.lo && !heavy;  /* as in align_task */
     for (int64_t ph = p0 / PW; ph <= (p1 - 1) / PW; ++ph) {
         int64_t pw0, pw1;
         roicore_task_row(p0, p1, PW, ph, &pw0, &pw1);
         const SAMPLES ys = TYPED(axis_samples)(op, ybox, k, ph, gy, 0);
         if (plain) {
             for (int64_t pw = pw0; pw < pw1; ++pw)
-                TYPED(align_bin_grad)(img, W, BLOCK_LANES, 0, ROICORE_BLOCK_VECTORS, ys, gy,
-                                      TYPED(samples_at)(xbox, pw * gx), gx,
-                                      grad + (ph * PW + pw - p0) * BLOCK_LANES, count, pow2, inv);
+                TYPED(align_bin_grad)(img, W, ROICORE_BLOCK_LANES, 0, ROICORE_BLOCK_VECTORS, ys,
+                                      gy, TYPED(samples_at)(xbox, pw * gx), gx,
+                                      grad + (ph * PW + pw - p0) * ROICORE_BLOCK_LANES, count,
+                                      pow2, inv);
             continue;
         }
         for (int64_t pw = pw0; pw < pw1; ++pw) {
@@ -391,5 +391,4 @@ static int TYPED(align_run)(int forward, const roicore_roi_align_rules *rules,
 #undef BWD_TASK
 #undef BWD_JOB
 #undef ALIGN_OP
-#undef BLOCK_LANES
 #undef SAMPLES
