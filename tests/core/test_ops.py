@@ -476,8 +476,9 @@ def _thread_cases():
             y7, rois, x.shape, 1 / 16, -1, True, convention=c, n_threads=n)
     # one image: whole blocks of 8 vectors and a tail (1 and 2 threads), then, in the
     # backwards, narrower blocks, since blocks x images are fewer than 3 or 4 threads;
-    # RoIAlign's backward takes their lanes in groups of 4, 2 and 1 vectors (100 float32 channels: 64 + 40 lanes, then 40 + 40 + 24,
-    # then 32 x 3 + 8; 40 float64 channels: 32 + 8, then 16 + 16 + 8)
+    # RoIAlign's backward takes their lanes in groups of 4, 2 and 1 vectors (100 float32
+    # channels: 64 + 40 lanes, then 40 + 40 + 24, then 32 x 3 + 8; 40 float64 channels:
+    # 32 + 8, then 16 + 16 + 8)
     one = rois.copy()
     one[:, 0] = 0
     for dtype, C in ((np.float32, 100), (np.float64, 40)):
