@@ -10,9 +10,13 @@ Environment:
   ROICORE_REQUIRE_OPENMP=1  fail the build when OpenMP is not available (CI, sanitizer builds)
   ROICORE_CYTHON_DEBUG=1    compile the binding with bounds checking (for debugging runs, slow)
 CFLAGS and LDFLAGS apply to the library, the binding and the OpenMP probe alike.
+
+The sources need GCC or Clang (vector extensions, pthreads); the version is the C API's
+(ROICORE_VERSION_STRING in roicore.h), so the package and the library never disagree.
 """
 import glob
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -24,6 +28,12 @@ from setuptools.command.build_ext import build_ext
 
 C_SOURCES = sorted(glob.glob("core/csrc/*.c"))
 PUBLIC_HEADER = "core/csrc/roicore.h"
+
+
+def _version():
+    with open(PUBLIC_HEADER) as f:
+        return re.search(r'#define ROICORE_VERSION_STRING "([^"]+)"', f.read()).group(1)
+
 
 OPENMP_PROBE = textwrap.dedent(
     """
@@ -50,24 +60,18 @@ def _env_flags():
 
 def _openmp_flags(compiler):
     """Return (compile, link) flags if a tiny OpenMP program compiles *and links*, else None."""
-    if compiler.compiler_type == "msvc":
-        candidates = [(["/openmp"], [])]
-    else:
-        candidates = [(["-fopenmp"], ["-fopenmp"])]
     tmp = tempfile.mkdtemp(prefix="roicore-omp-")
     try:
         src = os.path.join(tmp, "probe.c")
         with open(src, "w") as f:
             f.write(OPENMP_PROBE)
-        for cflags, lflags in candidates:
-            try:
-                objs = compiler.compile([src], output_dir=tmp, extra_postargs=cflags)
-                compiler.link_executable(objs, "probe", output_dir=tmp,
-                                         extra_postargs=lflags + _env_flags())
-            except Exception:  # CompileError, LinkError, missing compiler
-                continue
-            return cflags, lflags
-        return None
+        try:
+            objs = compiler.compile([src], output_dir=tmp, extra_postargs=["-fopenmp"])
+            compiler.link_executable(objs, "probe", output_dir=tmp,
+                                     extra_postargs=["-fopenmp"] + _env_flags())
+        except Exception:  # CompileError, LinkError, missing compiler
+            return None
+        return ["-fopenmp"], ["-fopenmp"]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -75,14 +79,13 @@ def _openmp_flags(compiler):
 class BuildExt(build_ext):
     def build_extensions(self):
         if self.compiler.compiler_type == "msvc":
-            c_flags = ["/O2", "/fp:precise"]
-        else:
-            # -ffp-contract=off: never fuse a*b+c into an FMA, so results match the frameworks'
-            # x86-64 builds bit for bit.  -fvisibility=hidden: the library's symbols stay
-            # inside whichever module links it.  -Wno-psabi: 32-byte vector helpers are
-            # always inlined, so no vector crosses a call.
-            c_flags = ["-std=c11", "-O3", "-ffp-contract=off", "-fno-math-errno",
-                       "-fvisibility=hidden", "-Wno-psabi", "-Wno-unknown-pragmas"]
+            sys.exit("roicore needs GCC or Clang (its kernels use their vector extensions)")
+        # -ffp-contract=off: never fuse a*b+c into an FMA, so results match the frameworks'
+        # x86-64 builds bit for bit.  -fvisibility=hidden: the library's symbols stay
+        # inside whichever module links it.  -Wno-psabi: 32-byte vector helpers are
+        # always inlined, so no vector crosses a call.
+        c_flags = ["-std=c11", "-O3", "-ffp-contract=off", "-fno-math-errno",
+                   "-fvisibility=hidden", "-Wno-psabi", "-Wno-unknown-pragmas"]
         if _truthy("ROICORE_NO_OPENMP"):
             omp, why = None, "disabled by ROICORE_NO_OPENMP"
         else:
@@ -139,6 +142,7 @@ def extensions():
     probe = Extension("roicore.cli._bandwidth", ["cli/_bandwidth.pyx"], include_dirs=["core/csrc"])
     return cythonize(
         [binding, probe],
+        include_path=["core"],  # _roicore.pxd: the declarations of roicore.h
         compiler_directives={
             "language_level": 3,
             "boundscheck": debug,
@@ -152,6 +156,7 @@ def extensions():
 
 
 setup(
+    version=_version(),
     package_dir={"roicore.core": "core", "roicore.adapters": "adapters", "roicore.cli": "cli"},
     packages=["roicore.core", "roicore.adapters", "roicore.adapters.native", "roicore.cli",
               "roicore.cli.frameworks"],

@@ -22,9 +22,11 @@ def main(wheel, sdist):
               and not n.startswith("roicore/adapters/native/")]
     assert not leaked, f"wheel carries sources: {leaked}"
     members = [m.split("/", 1)[1] for m in tarfile.open(sdist).getnames() if "/" in m]
-    for needed in ("core/_binding.pyx", "core/csrc/roicore.h", "core/csrc/roi_align.c",
-                   "cli/_bandwidth.pyx", "setup.py", "pyproject.toml", "tests/reference.py",
-                   "tests/core/test_ops.py", "README.md"):
+    for needed in ("core/_binding.pyx", "core/_roicore.pxd", "core/csrc/roicore.h",
+                   "core/csrc/roi_align.c", "cli/_bandwidth.pyx", "setup.py", "pyproject.toml",
+                   "tests/reference.py", "tests/core/test_ops.py",
+                   "tests/fixtures/saved_models/tensorflow/model/saved_model.pb", "README.md",
+                   "LICENSE", "CHANGELOG.md"):
         assert needed in members, f"sdist lacks {needed}"
     generated = [m for m in members if m.endswith((".so", ".a", ".o"))
                  or (m.endswith(".c") and not m.startswith("core/csrc/"))]

@@ -25,7 +25,8 @@ import contextlib
 
 import numpy as np
 
-from roicore.core._memory import ALIGNMENT
+from roicore.core import args
+from roicore.core.args import ALIGNMENT
 
 from ._tf_common import may_record, on_host, tf
 
@@ -69,18 +70,11 @@ def run(op, x, boxes, box_indices, out_shape, forward, backward, with_argmax=Fal
 # Run-time checks and layout (inside tf.numpy_function, on NumPy arrays)
 
 def xyxy(boxes, box_indices, n_images):
-    """Check boxes/box_indices against the batch and swap [y1, x1, y2, x2] to [x1, y1, x2, y2]."""
-    b, i = np.asarray(boxes), np.asarray(box_indices)
-    if b.ndim != 2 or b.shape[1] != 4:
-        raise ValueError(f"boxes must have shape (K, 4) [y1, x1, y2, x2], got {b.shape}")
-    if i.shape != (b.shape[0],):
-        raise ValueError(f"box_indices must have shape ({b.shape[0]},), one image index per "
-                         f"box, got {i.shape}")
-    if i.size and (i.min() < 0 or i.max() >= n_images):  # two reductions, then the culprit
-        k = int(np.flatnonzero((i < 0) | (i >= n_images))[0])
-        raise ValueError(f"box_indices[{k}] = {int(i[k])} is outside [0, batch_size) for images "
-                         f"with batch_size={n_images}")
-    return b[:, [1, 0, 3, 2]], i
+    """TF's boxes and box_indices as roicore.core takes them: [x1, y1, x2, y2] rows (in the
+    boxes' dtype) and int64 batch indices, checked against the batch by the C API."""
+    b = np.asarray(boxes)
+    xyxy = args.boxes_from_yx(b, b.dtype if b.dtype in (np.float32, np.float64) else np.float64)
+    return xyxy, args.batch_from_indices(box_indices, xyxy.shape[0], n_images, name="box_indices")
 
 
 _HOST_DEVICE = []

@@ -334,14 +334,11 @@ def _check_int(value, name, low):
     return int(value)
 
 
-def _pair(pooled_size):
+def _pooled_size(pooled_size):
     """MXNet's pooled_size for ROIPooling and ROIAlign: (h, w), or one int for both."""
     if pooled_size is None:
         raise TypeError("pooled_size is required")
-    size = tuple(pooled_size) if isinstance(pooled_size, (tuple, list)) else (pooled_size,) * 2
-    if len(size) != 2:
-        raise ValueError(f"pooled_size must be (h, w), got {pooled_size!r}")
-    return tuple(_check_int(v, "pooled_size", 1) for v in size)
+    return core.args.pair(pooled_size, "pooled_size")
 
 
 def _check_rois_shape(shape):
@@ -579,7 +576,7 @@ def ROIPooling(data=None, rois=None, pooled_size=None, spatial_scale=None, out=N
     (MXNet collapses every box to pixel (0, 0)); ``rois`` of another float dtype than
     ``data`` are cast to it (MXNet raises); float16 is computed in float32.
     """
-    params = {"pooled_size": _pair(pooled_size), "spatial_scale": _check_scale(spatial_scale),
+    params = {"pooled_size": _pooled_size(pooled_size), "spatial_scale": _check_scale(spatial_scale),
               "n_threads": _threads(n_threads)}
     return _call("ROIPooling", data, rois, params, out, name)
 
@@ -708,7 +705,7 @@ def ROIAlign(data=None, rois=None, pooled_size=None, spatial_scale=None, sample_
                                   "roicore.core has no position-sensitive RoIAlign")
     if isinstance(sample_ratio, (bool, np.bool_)) or not isinstance(sample_ratio, numbers.Integral):
         raise TypeError(f"sample_ratio must be an int, got {type(sample_ratio).__name__}")
-    params = {"pooled_size": _pair(pooled_size), "spatial_scale": _check_scale(spatial_scale),
+    params = {"pooled_size": _pooled_size(pooled_size), "spatial_scale": _check_scale(spatial_scale),
               "sample_ratio": int(sample_ratio), "aligned": bool(aligned),
               "n_threads": _threads(n_threads)}
     return _call("ROIAlign", data, rois, params, out, name)

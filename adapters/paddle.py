@@ -25,10 +25,10 @@ Two ways to compute, one set of numbers:
   ``paddle.jit.save`` / ``paddle.jit.load`` and ``paddle.inference`` predictors.  A process
   that loads a saved model holding them calls :func:`load_library` first.
 * **The NumPy path** (``roicore.core`` through ``paddle.autograd.PyLayer``, dygraph only):
-  for outputs of 32 MiB or more (``roicore.core`` reuses freed outputs of that size, where
-  Paddle's allocator maps fresh memory for every call), for tensors off the host, and when
-  the operators cannot be built (a ``RuntimeWarning`` says why, once) or
-  ``ROICORE_NATIVE_OPS=0`` turns them off.
+  for outputs of ``LARGE_OUTPUT_BYTES`` (32 MiB) or more (``roicore.core`` reuses freed
+  outputs of that size, where Paddle's allocator maps fresh memory for every call), for
+  tensors off the host, and when the operators cannot be built (a ``RuntimeWarning`` says
+  why, once) or ``ROICORE_NATIVE_OPS=0`` turns them off.
 
 Gradients flow to ``x``; ``boxes`` and ``boxes_num`` get none, as in Paddle.  When no
 gradient can be asked for (``x.stop_gradient`` or under ``paddle.no_grad()``),
@@ -56,10 +56,9 @@ import warnings
 import numpy as np
 
 from roicore import core
-from roicore.core import _memory, _validate, conventions
-from roicore.core._binding import rules_codes
+from roicore.core import args, conventions
 
-from ._common import batch_indices_from_counts, off_host, require
+from ._common import off_host, require
 
 paddle = require("paddle", "paddle")
 from paddle.autograd import PyLayer  # noqa: E402
@@ -79,9 +78,12 @@ CONVENTION = "paddle"
 # pixels.  The operators, and the legacy ``return_argmax=True``, use Paddle's int64.
 _GRAD_ARGMAX_RULES = dataclasses.replace(conventions.MAX_POOL[CONVENTION], argmax_dtype="int32")
 # the operators' rules attributes
-_RULES = {"roi_pool": list(rules_codes(conventions.MAX_POOL[CONVENTION])),
-          "psroi_pool": list(rules_codes(conventions.PSROI_POOL[CONVENTION])),
-          "roi_align": list(rules_codes(conventions.ROI_ALIGN[CONVENTION]))}
+_RULES = {"roi_pool": list(args.rules_codes(conventions.MAX_POOL[CONVENTION])),
+          "psroi_pool": list(args.rules_codes(conventions.PSROI_POOL[CONVENTION])),
+          "roi_align": list(args.rules_codes(conventions.ROI_ALIGN[CONVENTION]))}
+# The dygraph routing policy (see "Two ways to compute"): outputs of this many bytes or more
+# take the NumPy path, whose outputs come from roicore.core's output cache.
+LARGE_OUTPUT_BYTES = args.OUTPUT_CACHE_MIN_BYTES
 # dtype objects, compared directly: the names (str(t.dtype)) cost a string per check
 _FLOAT_DTYPES = (paddle.float32, paddle.float64)
 _COUNT_DTYPES = (paddle.int32, paddle.int64)
@@ -241,7 +243,7 @@ def _native_route(op, x, boxes, boxes_num, out_per_box):
         on_host = _check_places(op, x=x, boxes=boxes, boxes_num=boxes_num)
         # Large outputs take the NumPy path: roicore.core reuses freed outputs of that size,
         # where Paddle's CPU allocator maps (and the kernel zero-fills) fresh pages each call.
-        large = boxes.shape[0] * out_per_box * x.element_size() >= _memory.MIN_BYTES
+        large = boxes.shape[0] * out_per_box * x.element_size() >= LARGE_OUTPUT_BYTES
         return on_host and not large and _operators() is not None
     if _operators() is None:
         raise RuntimeError(f"roicore.adapters.paddle.{op} in a static program or to_static "
@@ -254,7 +256,7 @@ def _numpy_inputs(op, x, boxes, boxes_num):
     """The NumPy path's boxes and batch indices (boxes_num checked here)."""
     try:
         # a copy of the few counts (numpy()) costs less than a DLPack view of them
-        batch = batch_indices_from_counts(boxes_num.numpy(), boxes.shape[0], x.shape[0])
+        batch = args.batch_from_counts(boxes_num.numpy(), boxes.shape[0], x.shape[0])
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{op}: {exc}") from None
     return _to_numpy(boxes), batch
@@ -264,14 +266,13 @@ def _size(output_size, op):
     if isinstance(output_size, bool) or not isinstance(output_size, (int, np.integer, tuple, list)):
         raise TypeError(f"{op}: output_size must be an int or a (height, width) tuple, got "
                         f"{type(output_size).__name__}")
-    return _validate.pair(output_size, "output_size")
+    return args.pair(output_size, "output_size")
 
 
 def _attrs(op, output_size, spatial_scale, n_threads):
     """Checked (pooled_height, pooled_width), spatial_scale and n_threads attributes."""
     ph, pw = _size(output_size, op)
-    scale = _validate.positive_scale(spatial_scale)
-    _validate.held_scale(spatial_scale, float(np.float32(scale)))
+    scale = args.float32_scale(spatial_scale)
     if n_threads is None:  # the operators' 0: OMP_NUM_THREADS or every CPU
         return ph, pw, scale, 0
     core.effective_n_threads(n_threads)  # checks it
@@ -390,8 +391,8 @@ def _psroi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, output_chan
 def _roi_align(x, boxes, boxes_num, output_size, spatial_scale, sampling_ratio, aligned, *,
                n_threads=None, op="roi_align"):
     ph, pw, scale, threads = _attrs(op, output_size, spatial_scale, n_threads)
-    sampling_ratio = _validate.sampling_ratio(sampling_ratio)
-    aligned = _validate.flag(aligned, "aligned")
+    sampling_ratio = args.sampling_ratio(sampling_ratio)
+    aligned = args.flag(aligned, "aligned")
     if _native_route(op, x, boxes, boxes_num, x.shape[1] * ph * pw):
         return _run("roi_align", {"X": x, "Boxes": boxes, "BoxesNum": boxes_num},
                     {"rules": _RULES["roi_align"], "pooled_height": ph, "pooled_width": pw,

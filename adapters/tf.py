@@ -82,8 +82,7 @@ import warnings
 import numpy as np
 
 from roicore import core
-from roicore.core import _binding, _validate, conventions
-from roicore.core.ops import _psroi_setup
+from roicore.core import args, conventions
 
 from . import _tf_common, _tf_numpy
 from ._common import require
@@ -120,16 +119,6 @@ def _data_format(data_format):
     if data_format not in _FORMATS:
         raise ValueError(f"data_format must be 'NHWC' or 'NCHW', got {data_format!r}")
     return data_format
-
-
-def _pair(value, name):
-    items = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
-    if len(items) != 2 or not all(
-            isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_)) for v in items):
-        raise TypeError(f"{name} must be an int or a pair of ints (height, width), got {value!r}")
-    if min(items) < 1:
-        raise ValueError(f"{name} must be >= 1, got {value!r}")
-    return tuple(int(v) for v in items)
 
 
 def _images(images, data_format):
@@ -340,7 +329,7 @@ def _output_size(output_size, crop_size, method):
 
 def _size(value, name):
     """An int or (height, width) pair, given as Python ints or a tensor, as (h, w)."""
-    return _pair(_static(value, name), name)
+    return args.pair(_static(value, name), name)
 
 
 def _static(value, name):
@@ -360,13 +349,12 @@ def _static(value, name):
 def _float_attr(value, name):
     """A positive scale as a TF float attribute holds it: a C float, as the "mxnet"
     conventions of these ops hold it too (checked not to underflow or overflow there)."""
-    value = _validate.positive_scale(value, name)
-    return _validate.held_scale(value, float(np.float32(value)), name)
+    return args.float32_scale(value, name)
 
 
 def _rules(name):
     """The op's convention as the op library's ``rules`` attribute."""
-    return list(_binding.rules_codes(CONVENTIONS[name]))
+    return list(args.rules_codes(CONVENTIONS[name]))
 
 
 def _roi_pool(images, boxes, box_indices, out_hw, spatial_scale, method,
@@ -400,7 +388,7 @@ def _roi_pool(images, boxes, box_indices, out_hw, spatial_scale, method,
 
         native = _Native("RoicoreCropAndResize", dict(
             crop_height=out_hw[0], crop_width=out_hw[1], method=method,
-            extrapolation_value=_validate.real(extrapolation_value, "extrapolation_value"),
+            extrapolation_value=args.real(extrapolation_value, "extrapolation_value"),
             rules=_rules("roi_pool/" + method)), boxes_differentiable=True)
         return _apply("roi_pool", name, images, boxes, box_indices, data_format, n_threads,
                       out_hw, _same_channels, native, forward=forward, backward=backward,
@@ -465,7 +453,7 @@ def psroi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, outpu
       Coordinates are rounded before scaling and the end gets +1; empty bins give 0.
     """
     out_hw = _size(output_size, "output_size")
-    gh, gw = out_hw if group_size is None else _pair(group_size, "group_size")
+    gh, gw = out_hw if group_size is None else args.pair(group_size, "group_size")
     core.effective_n_threads(n_threads)
     rules = CONVENTIONS["psroi_pool"]
 
@@ -473,7 +461,7 @@ def psroi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, outpu
         """D; checked against the images' channels when they are known."""
         if c is None:
             return output_channels if isinstance(output_channels, numbers.Integral) else None
-        return _psroi_setup(out_hw, (gh, gw), c, output_channels, "images")[4]
+        return args.ps_channels(out_hw, (gh, gw), c, output_channels, "images")[4]
 
     def forward(x, b, i, argmax):
         xyxy, i = _tf_numpy.xyxy(b, i, x.shape[0])
@@ -539,8 +527,8 @@ def roi_align(images, boxes, box_indices, output_size, spatial_scale=1.0, sampli
     native = _Native("RoicoreRoiAlign", dict(
         pooled_height=out_hw[0], pooled_width=out_hw[1],
         spatial_scale=_float_attr(spatial_scale, "spatial_scale"),
-        sampling_ratio=_validate.sampling_ratio(sampling_ratio),
-        aligned=_validate.flag(aligned, "aligned"), rules=_rules("roi_align")))
+        sampling_ratio=args.sampling_ratio(sampling_ratio),
+        aligned=args.flag(aligned, "aligned"), rules=_rules("roi_align")))
     return _apply("roi_align", name, images, boxes, box_indices, data_format, n_threads,
                   out_hw, _same_channels, native, forward=forward, backward=backward)
 
@@ -650,7 +638,7 @@ class RoIPool(_RoILayer):
     def __init__(self, output_size, spatial_scale=1.0, method="max", extrapolation_value=0.0,
                  data_format=None, n_threads=None, **kwargs):
         super().__init__(data_format, n_threads, **kwargs)
-        self.output_size = _pair(output_size, "output_size")
+        self.output_size = args.pair(output_size, "output_size")
         self.spatial_scale = float(spatial_scale)
         self.method = _method(method)
         self.extrapolation_value = float(extrapolation_value)
@@ -674,10 +662,10 @@ class PSRoIPool(_RoILayer):
     def __init__(self, output_size, spatial_scale=1.0, output_channels=None, group_size=None,
                  data_format=None, n_threads=None, **kwargs):
         super().__init__(data_format, n_threads, **kwargs)
-        self.output_size = _pair(output_size, "output_size")
+        self.output_size = args.pair(output_size, "output_size")
         self.spatial_scale = float(spatial_scale)
         self.output_channels = output_channels
-        self.group_size = None if group_size is None else _pair(group_size, "group_size")
+        self.group_size = None if group_size is None else args.pair(group_size, "group_size")
 
 
 @keras.saving.register_keras_serializable(package="roicore")
@@ -690,7 +678,7 @@ class RoIAlign(_RoILayer):
     def __init__(self, output_size, spatial_scale=1.0, sampling_ratio=-1, aligned=False,
                  data_format=None, n_threads=None, **kwargs):
         super().__init__(data_format, n_threads, **kwargs)
-        self.output_size = _pair(output_size, "output_size")
+        self.output_size = args.pair(output_size, "output_size")
         self.spatial_scale = float(spatial_scale)
         self.sampling_ratio = sampling_ratio
         self.aligned = aligned

@@ -326,12 +326,11 @@ def _rois(boxes, input: Tensor, op: str) -> Tensor:
     return rois
 
 
-def _pair(output_size, op: str) -> Tuple[int, int]:
-    size = output_size if isinstance(output_size, (tuple, list)) else (output_size,) * 2
-    if len(size) != 2 or not all(isinstance(s, int) and not isinstance(s, bool) for s in size):
-        raise TypeError(f"{op}: output_size must be an int or a pair of ints (height, width), "
-                        f"got {output_size!r}")
-    return size[0], size[1]
+def _output_size(output_size, op: str) -> Tuple[int, int]:
+    try:
+        return core.args.pair(output_size, "output_size")
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{op}: {exc}") from None
 
 
 def _scale(spatial_scale, op: str) -> float:
@@ -357,7 +356,7 @@ def _prepare(input, boxes, output_size, spatial_scale, op):
     """Checked (input on the host, rois on the host, pooled size, spatial_scale)."""
     _check_input(input, op)
     rois = _rois(boxes, input, op)
-    size, scale = _pair(output_size, op), _scale(spatial_scale, op)
+    size, scale = _output_size(output_size, op), _scale(spatial_scale, op)
     return _host(input, "input", op), _host(rois, "boxes", op), size, scale
 
 

@@ -10,7 +10,9 @@ Operators (forward and backward, float16/32/64):
 * :func:`ps_roi_align` -- position-sensitive RoIAlign (Light-Head R-CNN)
 
 Each takes a ``convention`` naming the framework whose arithmetic to reproduce bit for bit
-(see :mod:`roicore.core.conventions`).  Importing this package loads no ML framework.
+(see :mod:`roicore.core.conventions`).  :mod:`roicore.core.args` holds the checks and
+conversions of their arguments, public for adapters.  Importing this package loads no ML
+framework.
 
 Large outputs come from a cache of freed output memory, as the frameworks' allocators do
 (:func:`set_output_cache_limit`, :func:`release_output_cache`); every function also takes
@@ -35,7 +37,7 @@ except ImportError as exc:  # pragma: no cover - exercised only by broken instal
         "installed package, not the checkout, is imported."
     ) from exc
 
-from . import conventions
+from . import args, conventions, operators
 from ._memory import (
     get_memory_limit, output_cache_stats, release_output_cache, set_memory_limit,
     set_output_cache_limit,
@@ -46,12 +48,12 @@ from .ops import (
     roi_align_backward, roi_pool, roi_pool_backward, roi_pool_boxes_backward,
 )
 
-__version__ = "0.1.0"
+__version__ = _binding.VERSION  # the C library's (roicore.h ROICORE_VERSION_STRING)
 
 __all__ = [
     "roi_pool", "roi_pool_backward", "roi_pool_boxes_backward", "psroi_pool",
     "psroi_pool_backward", "roi_align", "roi_align_backward", "ps_roi_align",
-    "ps_roi_align_backward", "conventions", "openmp_enabled", "effective_n_threads",
+    "ps_roi_align_backward", "conventions", "args", "operators", "openmp_enabled", "effective_n_threads",
     "set_output_cache_limit", "release_output_cache", "output_cache_stats",
     "get_memory_limit", "set_memory_limit", "get_include", "get_library_dir", "get_link_args",
 ]

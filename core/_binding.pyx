@@ -1,10 +1,12 @@
 # cython: language_level=3
-"""The Cython binding of roicore's C API (core/csrc/roicore.h).
+"""The Cython binding of roicore's C API (core/csrc/roicore.h, declared in _roicore.pxd).
 
 Arrays in, the C API's structs out, the call without the GIL, its status back as an
 exception.  roicore.core.ops has checked and normalised the arguments (C-contiguous,
-aligned, the right dtypes and shapes) and raises its own friendlier errors; every entry
-point of the C API checks everything again, so nothing here is trusted either.
+aligned, the right dtypes and shapes); every entry point of the C API checks everything
+again, so nothing here is trusted either.  The C API owns the data checks and the box
+conversions; the functions under "boxes" expose them, and the header's limits are
+module constants.
 
 While a call runs on the main thread, the C API polls this binding every few tens of
 milliseconds; a pending signal (Ctrl-C) then stops every thread at its next piece of work
@@ -12,157 +14,49 @@ and the call raises the signal's exception (KeyboardInterrupt).
 """
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.exc cimport PyErr_CheckSignals
-from libc.stdint cimport int64_t
+from libc.stdint cimport int32_t, int64_t
+from libc.string cimport memset
 
 import dataclasses
 import threading
 
-cdef extern from "roicore.h" nogil:
-    enum:
-        ROICORE_API_VERSION
-        ROICORE_MAX_THREADS
-    ctypedef enum roicore_status:
-        ROICORE_OK, ROICORE_ERR_ARGUMENT, ROICORE_ERR_VALUE, ROICORE_ERR_MEMORY,
-        ROICORE_ERR_INTERRUPTED, ROICORE_ERR_UNSUPPORTED
-    ctypedef struct roicore_error:
-        int code
-        char message[480]
-    ctypedef enum roicore_dtype:
-        ROICORE_FLOAT32, ROICORE_FLOAT64
-    ctypedef enum roicore_index_type:
-        ROICORE_INT32, ROICORE_INT64
-    ctypedef enum roicore_layout:
-        ROICORE_NCHW, ROICORE_NHWC
-    ctypedef struct roicore_tensor:
-        void *data
-        roicore_dtype dtype
-        roicore_layout layout
-        int64_t n, c, h, w
-    ctypedef struct roicore_boxes:
-        const void *coords
-        const int64_t *batch
-        int64_t k
-        int masked
-    ctypedef struct roicore_exec:
-        int n_threads
-        int (*poll)(void *arg) noexcept
-        void *poll_arg
-    enum:  # rules field codes
-        ROICORE_PRECISION_INPUT, ROICORE_PRECISION_FLOAT32, ROICORE_PRECISION_FLOAT64
-        ROICORE_BIN_ARITHMETIC_INPUT, ROICORE_BIN_ARITHMETIC_FLOAT32, ROICORE_BIN_ARITHMETIC_EXACT
-        ROICORE_INITIAL_NEG_FLT_MAX, ROICORE_INITIAL_LOWEST, ROICORE_INITIAL_FIRST, ROICORE_INITIAL_NAN
-        ROICORE_COMPARE_GREATER, ROICORE_COMPARE_STD_MAX, ROICORE_COMPARE_FMAX
-        ROICORE_ARGMAX_PLANE, ROICORE_ARGMAX_GLOBAL
-        ROICORE_SAMPLER_CAFFE2, ROICORE_SAMPLER_PADDLE
-        ROICORE_EMPTY_GRID_ZERO, ROICORE_EMPTY_GRID_NAN
-        ROICORE_PSROI_FORMULA_RFCN, ROICORE_PSROI_FORMULA_TORCHVISION
-    ctypedef struct roicore_max_pool_rules:
-        pass
-    ctypedef struct roicore_bilinear_pool_rules:
-        pass
-    ctypedef struct roicore_psroi_pool_rules:
-        pass
-    ctypedef struct roicore_roi_align_rules:
-        pass
-    ctypedef struct roicore_ps_roi_align_rules:
-        pass
+import numpy as np
 
-    int roicore_max_pool_rules_from_array(const int64_t *fields, int64_t n,
-                                          roicore_max_pool_rules *rules, roicore_error *err)
-    int roicore_bilinear_pool_rules_from_array(const int64_t *fields, int64_t n,
-                                               roicore_bilinear_pool_rules *rules,
-                                               roicore_error *err)
-    int roicore_psroi_pool_rules_from_array(const int64_t *fields, int64_t n,
-                                            roicore_psroi_pool_rules *rules, roicore_error *err)
-    int roicore_roi_align_rules_from_array(const int64_t *fields, int64_t n,
-                                           roicore_roi_align_rules *rules, roicore_error *err)
-    int roicore_ps_roi_align_rules_from_array(const int64_t *fields, int64_t n,
-                                              roicore_ps_roi_align_rules *rules,
-                                              roicore_error *err)
+from _roicore cimport *  # core/_roicore.pxd: roicore.h's declarations (setup.py puts core/ on the include path)
 
-    int roicore_batch_from_column(const void *column, roicore_dtype dtype, int64_t stride,
-                                  int64_t k, int64_t n_images, int masked, int64_t *batch,
-                                  roicore_error *err)
-    int roicore_check_coords(const void *coords, roicore_dtype dtype, int64_t k, double scale_x,
-                             double scale_y, roicore_error *err)
+ABI_VERSION = roicore_abi_version()
+if ABI_VERSION != ROICORE_ABI_VERSION:  # pragma: no cover - a mixed build
+    raise ImportError(f"roicore's C library has ABI version {ABI_VERSION}, its binding was "
+                      f"compiled for {ROICORE_ABI_VERSION}: rebuild roicore")
+VERSION = roicore_version_string().decode()
 
-    roicore_index_type roicore_max_pool_argmax_type(const roicore_max_pool_rules *rules,
-                                                    const roicore_tensor *x)
-    int roicore_roi_pool_max_forward(const roicore_max_pool_rules *rules, const roicore_tensor *x,
-                                     const roicore_boxes *boxes, double spatial_scale,
-                                     const roicore_tensor *out, void *argmax,
-                                     roicore_index_type argmax_type, const roicore_exec *exec,
-                                     roicore_error *err)
-    int roicore_roi_pool_max_backward(const roicore_max_pool_rules *rules,
-                                      const roicore_tensor *grad_output, const void *argmax,
-                                      roicore_index_type argmax_type, const roicore_boxes *boxes,
-                                      const roicore_tensor *grad_input, const roicore_exec *exec,
-                                      roicore_error *err)
-    int roicore_roi_pool_bilinear_forward(const roicore_bilinear_pool_rules *rules,
-                                          const roicore_tensor *x, const roicore_boxes *boxes,
-                                          double extrapolation_value, const roicore_tensor *out,
-                                          const roicore_exec *exec, roicore_error *err)
-    int roicore_roi_pool_bilinear_backward(const roicore_bilinear_pool_rules *rules,
-                                           const roicore_tensor *grad_output,
-                                           const roicore_boxes *boxes,
-                                           const roicore_tensor *grad_input,
-                                           const roicore_exec *exec, roicore_error *err)
-    int roicore_roi_pool_nearest_forward(const roicore_bilinear_pool_rules *rules,
-                                         const roicore_tensor *x, const roicore_boxes *boxes,
-                                         double extrapolation_value, const roicore_tensor *out,
-                                         const roicore_exec *exec, roicore_error *err)
-    int roicore_roi_pool_nearest_backward(const roicore_bilinear_pool_rules *rules,
-                                          const roicore_tensor *grad_output,
-                                          const roicore_boxes *boxes,
-                                          const roicore_tensor *grad_input,
-                                          const roicore_exec *exec, roicore_error *err)
-    int roicore_roi_pool_bilinear_boxes_backward(const roicore_bilinear_pool_rules *rules,
-                                                 const roicore_tensor *grad_output,
-                                                 const roicore_tensor *x,
-                                                 const roicore_boxes *boxes, void *grad_boxes,
-                                                 const roicore_exec *exec, roicore_error *err)
-    int roicore_psroi_pool_forward(const roicore_psroi_pool_rules *rules, const roicore_tensor *x,
-                                   const roicore_boxes *boxes, double spatial_scale,
-                                   int64_t group_h, int64_t group_w, const roicore_tensor *out,
-                                   const roicore_exec *exec, roicore_error *err)
-    int roicore_psroi_pool_backward(const roicore_psroi_pool_rules *rules,
-                                    const roicore_tensor *grad_output, const roicore_boxes *boxes,
-                                    double spatial_scale, int64_t group_h, int64_t group_w,
-                                    const roicore_tensor *grad_input, const roicore_exec *exec,
-                                    roicore_error *err)
-    int roicore_roi_align_forward(const roicore_roi_align_rules *rules, const roicore_tensor *x,
-                                  const roicore_boxes *boxes, double spatial_scale,
-                                  int64_t sampling_ratio, int aligned, const roicore_tensor *out,
-                                  const roicore_exec *exec, roicore_error *err)
-    int roicore_roi_align_backward(const roicore_roi_align_rules *rules,
-                                   const roicore_tensor *grad_output, const roicore_boxes *boxes,
-                                   double spatial_scale, int64_t sampling_ratio, int aligned,
-                                   const roicore_tensor *grad_input, const roicore_exec *exec,
-                                   roicore_error *err)
-    int roicore_ps_roi_align_forward(const roicore_ps_roi_align_rules *rules,
-                                     const roicore_tensor *x, const roicore_boxes *boxes,
-                                     double spatial_scale, int64_t sampling_ratio,
-                                     const roicore_tensor *out, const roicore_exec *exec,
-                                     roicore_error *err)
-    int roicore_ps_roi_align_backward(const roicore_ps_roi_align_rules *rules,
-                                      const roicore_tensor *grad_output,
-                                      const roicore_boxes *boxes, double spatial_scale,
-                                      int64_t sampling_ratio, const roicore_tensor *grad_input,
-                                      const roicore_exec *exec, roicore_error *err)
-
-    int roicore_api_version()
-    int roicore_openmp_enabled()
-    int roicore_resolve_threads(int requested)
-    int64_t roicore_get_memory_limit()
-    void roicore_set_memory_limit(int64_t nbytes)
-    int64_t roicore_release_scratch()
-
-
-API_VERSION = roicore_api_version()
-if API_VERSION != ROICORE_API_VERSION:  # pragma: no cover - a mixed build
-    raise ImportError(f"roicore's C library has API version {API_VERSION}, its binding was "
-                      f"compiled for {ROICORE_API_VERSION}: rebuild roicore")
+# The C API's limits (roicore.h), for the messages and checks of the layers above.
+MAX_SCALED_COORD = ROICORE_MAX_SCALED_COORD
+MAX_SAMPLING_RATIO = ROICORE_MAX_SAMPLING_RATIO
+MAX_GRID = ROICORE_MAX_GRID
+MAX_SAMPLES_PER_BIN = ROICORE_MAX_SAMPLES_PER_BIN
+MAX_MAP_SIDE = ROICORE_MAX_MAP_SIDE
 MAX_THREADS = ROICORE_MAX_THREADS
+
+
+# ---------------------------------------------------------------------------------------
+# errors
+
+cdef object _exception(roicore_status status, roicore_error *err):
+    """The exception for a failed call: ValueError for bad arguments and values (with the
+    argument and element the C API found at fault as ``argument`` and ``index``),
+    MemoryError, NotImplementedError, KeyboardInterrupt."""
+    message = err.message.decode("utf-8", "replace")
+    if status == ROICORE_ERR_MEMORY:
+        return MemoryError(message)
+    if status == ROICORE_ERR_UNSUPPORTED:
+        return NotImplementedError(message)
+    if status == ROICORE_ERR_INTERRUPTED:
+        return KeyboardInterrupt(message)
+    exc = ValueError(message)
+    exc.argument = err.argument.decode("utf-8", "replace") or None
+    exc.index = err.index if err.index >= 0 else None
+    return exc
 
 
 # ---------------------------------------------------------------------------------------
@@ -188,8 +82,8 @@ _CODES = {
     },
     "PSRoIPoolRules": {
         "scale_precision": {"input": ROICORE_PRECISION_INPUT, "float32": ROICORE_PRECISION_FLOAT32},
-        "formula": {"rfcn": ROICORE_PSROI_FORMULA_RFCN,
-                    "torchvision": ROICORE_PSROI_FORMULA_TORCHVISION},
+        "formula": {"rfcn": ROICORE_PS_ROI_POOL_FORMULA_RFCN,
+                    "torchvision": ROICORE_PS_ROI_POOL_FORMULA_TORCHVISION},
     },
     "RoIAlignRules": {
         "sampler": {"caffe2": ROICORE_SAMPLER_CAFFE2, "paddle": ROICORE_SAMPLER_PADDLE},
@@ -200,6 +94,14 @@ _CODES = {
     "PSRoIAlignRules": {
         "scale_precision": {"input": ROICORE_PRECISION_INPUT, "float32": ROICORE_PRECISION_FLOAT32},
     },
+}
+# (fields the C API knows, fields every stored array has) per rules type
+RULES_FIELDS = {
+    "MaxPoolRules": (ROICORE_MAX_POOL_RULES_FIELDS, ROICORE_MAX_POOL_RULES_REQUIRED),
+    "BilinearPoolRules": (ROICORE_BILINEAR_POOL_RULES_FIELDS, ROICORE_BILINEAR_POOL_RULES_REQUIRED),
+    "PSRoIPoolRules": (ROICORE_PS_ROI_POOL_RULES_FIELDS, ROICORE_PS_ROI_POOL_RULES_REQUIRED),
+    "RoIAlignRules": (ROICORE_ROI_ALIGN_RULES_FIELDS, ROICORE_ROI_ALIGN_RULES_REQUIRED),
+    "PSRoIAlignRules": (ROICORE_PS_ROI_ALIGN_RULES_FIELDS, ROICORE_PS_ROI_ALIGN_RULES_REQUIRED),
 }
 _code_cache = {}
 
@@ -232,46 +134,121 @@ def rules_codes(rules):
     return codes
 
 
-cdef int _fields(object rules, int64_t *out, int capacity) except -1:
+ctypedef union _Rules:
+    roicore_max_pool_rules max_pool
+    roicore_bilinear_pool_rules bilinear_pool
+    roicore_ps_roi_pool_rules ps_roi_pool
+    roicore_roi_align_rules roi_align
+    roicore_ps_roi_align_rules ps_roi_align
+
+
+cdef _Rules _rules(object rules) except *:
+    """A conventions rules object as its C struct, decoded and checked by the C API."""
+    cdef int64_t f[16]
+    cdef _Rules r
+    cdef roicore_error e
+    cdef roicore_status status
     codes = rules_codes(rules)
-    cdef int i
-    for i in range(len(codes)):
-        out[i] = codes[i]
-    return len(codes)
+    cdef int64_t n = len(codes), i
+    for i in range(n):
+        f[i] = codes[i]
+    kind = type(rules).__name__
+    if kind == "MaxPoolRules":
+        status = roicore_max_pool_rules_from_array(f, n, &r.max_pool, &e)
+    elif kind == "BilinearPoolRules":
+        status = roicore_bilinear_pool_rules_from_array(f, n, &r.bilinear_pool, &e)
+    elif kind == "PSRoIPoolRules":
+        status = roicore_ps_roi_pool_rules_from_array(f, n, &r.ps_roi_pool, &e)
+    elif kind == "RoIAlignRules":
+        status = roicore_roi_align_rules_from_array(f, n, &r.roi_align, &e)
+    else:
+        status = roicore_ps_roi_align_rules_from_array(f, n, &r.ps_roi_align, &e)
+    if status != ROICORE_OK:
+        raise _exception(status, &e)
+    return r
+
+
+def rules_from_codes(kind, codes):
+    """Decode a stored rules array of ``kind`` ("MaxPoolRules", ...) as the C API does for
+    a saved graph (missing trailing fields take their defaults); returns the codes of every
+    field."""
+    cdef int64_t f[16]
+    cdef _Rules r
+    cdef roicore_error e
+    cdef roicore_status status
+    cdef int64_t n = len(codes), i
+    if n > 16:
+        raise ValueError(f"{kind} has {n} fields, more than any roicore stores")
+    for i in range(n):
+        f[i] = codes[i]
+    if kind == "MaxPoolRules":
+        status = roicore_max_pool_rules_from_array(f, n, &r.max_pool, &e)
+    elif kind == "BilinearPoolRules":
+        status = roicore_bilinear_pool_rules_from_array(f, n, &r.bilinear_pool, &e)
+    elif kind == "PSRoIPoolRules":
+        status = roicore_ps_roi_pool_rules_from_array(f, n, &r.ps_roi_pool, &e)
+    elif kind == "RoIAlignRules":
+        status = roicore_roi_align_rules_from_array(f, n, &r.roi_align, &e)
+    elif kind == "PSRoIAlignRules":
+        status = roicore_ps_roi_align_rules_from_array(f, n, &r.ps_roi_align, &e)
+    else:
+        raise ValueError(f"unknown rules type {kind!r}")
+    if status != ROICORE_OK:
+        raise _exception(status, &e)
+    cdef const int32_t *words = <const int32_t *>&r  # every field is 4 bytes, in order
+    return tuple(words[i] for i in range(RULES_FIELDS[kind][0]))
 
 
 # ---------------------------------------------------------------------------------------
 # arrays and calls
 
-cdef void *_data(object a, bint writable) except? NULL:
+cdef const void *_data(object a) except? NULL:
     """The data pointer of a C-contiguous buffer (the caller keeps `a` alive)."""
     cdef Py_buffer view
-    PyObject_GetBuffer(a, &view, PyBUF_C_CONTIGUOUS | (PyBUF_WRITABLE if writable else 0))
+    PyObject_GetBuffer(a, &view, PyBUF_C_CONTIGUOUS)
+    cdef const void *p = view.buf
+    PyBuffer_Release(&view)
+    return p
+
+
+cdef void *_writable(object a) except? NULL:
+    cdef Py_buffer view
+    PyObject_GetBuffer(a, &view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE)
     cdef void *p = view.buf
     PyBuffer_Release(&view)
     return p
 
 
-cdef roicore_tensor _tensor(object a, bint writable, bint nhwc=False) except *:
-    """A 4-D float32/float64 array as a tensor; with nhwc its axes are (n, h, w, c)."""
+cdef roicore_tensor _tensor(object a) except *:
+    """A 4-D float32/float64 NCHW array as a tensor the call reads."""
     cdef roicore_tensor t
+    memset(&t, 0, sizeof(t))
     shape = a.shape
-    t.data = _data(a, writable)
+    t.data = _data(a)
     t.dtype = ROICORE_FLOAT32 if a.dtype.itemsize == 4 else ROICORE_FLOAT64
-    if nhwc:
-        t.layout = ROICORE_NHWC
-        t.n, t.h, t.w, t.c = shape[0], shape[1], shape[2], shape[3]
-    else:
-        t.layout = ROICORE_NCHW
-        t.n, t.c, t.h, t.w = shape[0], shape[1], shape[2], shape[3]
+    t.layout = ROICORE_NCHW
+    t.n, t.c, t.h, t.w = shape[0], shape[1], shape[2], shape[3]
+    return t
+
+
+cdef roicore_out_tensor _out(object a) except *:
+    """... and one the call writes."""
+    cdef roicore_out_tensor t
+    memset(&t, 0, sizeof(t))
+    shape = a.shape
+    t.data = _writable(a)
+    t.dtype = ROICORE_FLOAT32 if a.dtype.itemsize == 4 else ROICORE_FLOAT64
+    t.layout = ROICORE_NCHW
+    t.n, t.c, t.h, t.w = shape[0], shape[1], shape[2], shape[3]
     return t
 
 
 cdef roicore_boxes _boxes(object coords, object batch, bint masked) except *:
     cdef roicore_boxes b
+    memset(&b, 0, sizeof(b))
     b.k = batch.shape[0]
-    b.coords = _data(coords, False) if coords is not None else NULL
-    b.batch = <const int64_t *>_data(batch, False)
+    b.coords = _data(coords) if coords is not None else NULL
+    b.batch = <const int64_t *>_data(batch)
     b.masked = masked
     return b
 
@@ -297,52 +274,35 @@ cdef class _Call:
     cdef list raised
 
     def __cinit__(self, int n_threads):
+        memset(&self.exec, 0, sizeof(self.exec))
         self.exec.n_threads = n_threads
         self.raised = []
         if _get_ident() == _MAIN_THREAD:  # only the main thread receives signals
             self.exec.poll = _poll
             self.exec.poll_arg = <void *>self.raised
-        else:
-            self.exec.poll = NULL
-            self.exec.poll_arg = NULL
-        self.err.code = ROICORE_OK
-        self.err.message[0] = 0
+        memset(&self.err, 0, sizeof(self.err))
 
-    cdef int check(self, int status) except -1:
+    cdef int check(self, roicore_status status) except -1:
         if status == ROICORE_OK:
             return 0
-        message = self.err.message.decode("utf-8", "replace")
         if status == ROICORE_ERR_INTERRUPTED and self.raised:
             raise self.raised[0]
-        if status == ROICORE_ERR_INTERRUPTED:
-            raise KeyboardInterrupt(message)
-        if status == ROICORE_ERR_MEMORY:
-            raise MemoryError(message)
-        if status == ROICORE_ERR_UNSUPPORTED:
-            raise NotImplementedError(message)
-        raise ValueError(message)
-
-
-cdef _rules_error(roicore_error *err):
-    raise ValueError(err.message.decode("utf-8", "replace"))
+        raise _exception(status, &self.err)
 
 
 def roi_pool_max_forward(rules, x, coords, batch, double spatial_scale, out, argmax,
                          int n_threads, bint masked=False):
     """Max pooling into `out` (and `argmax` unless None: int32 or int64, out's shape)."""
-    cdef int64_t f[8]
-    cdef roicore_max_pool_rules r
-    cdef roicore_error e
-    if roicore_max_pool_rules_from_array(f, _fields(rules, f, 8), &r, &e):
-        _rules_error(&e)
-    cdef roicore_tensor tx = _tensor(x, False), to = _tensor(out, True)
+    cdef _Rules r = _rules(rules)
+    cdef roicore_tensor tx = _tensor(x)
+    cdef roicore_out_tensor to = _out(out)
     cdef roicore_boxes b = _boxes(coords, batch, masked)
-    cdef void *am = _data(argmax, True) if argmax is not None else NULL
+    cdef void *am = _writable(argmax) if argmax is not None else NULL
     cdef roicore_index_type at = ROICORE_INT32 if argmax is None or argmax.dtype.itemsize == 4 else ROICORE_INT64
     cdef _Call call = _Call(n_threads)
-    cdef int status
+    cdef roicore_status status
     with nogil:
-        status = roicore_roi_pool_max_forward(&r, &tx, &b, spatial_scale, &to, am, at,
+        status = roicore_roi_pool_max_forward(&r.max_pool, &tx, &b, spatial_scale, &to, am, at,
                                               &call.exec, &call.err)
     call.check(status)
 
@@ -350,239 +310,270 @@ def roi_pool_max_forward(rules, x, coords, batch, double spatial_scale, out, arg
 def roi_pool_max_backward(rules, grad_output, argmax, batch, grad_input, int n_threads,
                           bint masked=False):
     """Scatter grad_output to its argmax into grad_input (all of it written)."""
-    cdef int64_t f[8]
-    cdef roicore_max_pool_rules r
-    cdef roicore_error e
-    if roicore_max_pool_rules_from_array(f, _fields(rules, f, 8), &r, &e):
-        _rules_error(&e)
-    cdef roicore_tensor tg = _tensor(grad_output, False), tdx = _tensor(grad_input, True)
+    cdef _Rules r = _rules(rules)
+    cdef roicore_tensor tg = _tensor(grad_output)
+    cdef roicore_out_tensor tdx = _out(grad_input)
     cdef roicore_boxes b = _boxes(None, batch, masked)
-    cdef const void *am = _data(argmax, False)
+    cdef const void *am = _data(argmax)
     cdef roicore_index_type at = ROICORE_INT32 if argmax.dtype.itemsize == 4 else ROICORE_INT64
     cdef _Call call = _Call(n_threads)
-    cdef int status
+    cdef roicore_status status
     with nogil:
-        status = roicore_roi_pool_max_backward(&r, &tg, am, at, &b, &tdx, &call.exec, &call.err)
+        status = roicore_roi_pool_max_backward(&r.max_pool, &tg, am, at, &b, &tdx, &call.exec,
+                                               &call.err)
     call.check(status)
 
 
 def max_pool_argmax_dtype(rules, shape):
     """"int32" or "int64": the argmax a forward on an input of `shape` (N, C, H, W) writes."""
-    cdef int64_t f[8]
-    cdef roicore_max_pool_rules r
-    cdef roicore_error e
-    if roicore_max_pool_rules_from_array(f, _fields(rules, f, 8), &r, &e):
-        _rules_error(&e)
+    cdef _Rules r = _rules(rules)
     cdef roicore_tensor t
-    t.n, t.c, t.h, t.w = shape
-    return "int32" if roicore_max_pool_argmax_type(&r, &t) == ROICORE_INT32 else "int64"
-
-
-cdef roicore_bilinear_pool_rules _bilinear_rules(object rules) except *:
-    cdef int64_t f[8]
-    cdef roicore_bilinear_pool_rules r
+    cdef roicore_index_type type
     cdef roicore_error e
-    if roicore_bilinear_pool_rules_from_array(f, _fields(rules, f, 8), &r, &e):
-        _rules_error(&e)
-    return r
+    memset(&t, 0, sizeof(t))
+    t.dtype = ROICORE_FLOAT32
+    t.data = <const void *>&t  # never read: only the shape matters
+    t.n, t.c, t.h, t.w = shape
+    cdef roicore_status status = roicore_max_pool_argmax_type(&r.max_pool, &t, &type, &e)
+    if status != ROICORE_OK:
+        raise _exception(status, &e)
+    return "int32" if type == ROICORE_INT32 else "int64"
 
 
 def roi_pool_bilinear_forward(rules, x, coords, batch, double extrapolation_value, out,
                               int n_threads, bint masked=False, bint nearest=False):
     """Bilinear (or, with nearest, nearest-neighbour) crops of x into `out`."""
-    cdef roicore_bilinear_pool_rules r = _bilinear_rules(rules)
-    cdef roicore_tensor tx = _tensor(x, False), to = _tensor(out, True)
+    cdef _Rules r = _rules(rules)
+    cdef roicore_tensor tx = _tensor(x)
+    cdef roicore_out_tensor to = _out(out)
     cdef roicore_boxes b = _boxes(coords, batch, masked)
     cdef _Call call = _Call(n_threads)
-    cdef int status
+    cdef roicore_status status
     with nogil:
         if nearest:
-            status = roicore_roi_pool_nearest_forward(&r, &tx, &b, extrapolation_value, &to,
-                                                      &call.exec, &call.err)
+            status = roicore_roi_pool_nearest_forward(&r.bilinear_pool, &tx, &b,
+                                                      extrapolation_value, &to, &call.exec,
+                                                      &call.err)
         else:
-            status = roicore_roi_pool_bilinear_forward(&r, &tx, &b, extrapolation_value, &to,
-                                                       &call.exec, &call.err)
+            status = roicore_roi_pool_bilinear_forward(&r.bilinear_pool, &tx, &b,
+                                                       extrapolation_value, &to, &call.exec,
+                                                       &call.err)
     call.check(status)
 
 
 def roi_pool_bilinear_backward(rules, grad_output, coords, batch, grad_input, int n_threads,
                                bint masked=False, bint nearest=False):
     """The crops' gradient with respect to the map into `grad_input` (all of it written)."""
-    cdef roicore_bilinear_pool_rules r = _bilinear_rules(rules)
-    cdef roicore_tensor tg = _tensor(grad_output, False), tdx = _tensor(grad_input, True)
+    cdef _Rules r = _rules(rules)
+    cdef roicore_tensor tg = _tensor(grad_output)
+    cdef roicore_out_tensor tdx = _out(grad_input)
     cdef roicore_boxes b = _boxes(coords, batch, masked)
     cdef _Call call = _Call(n_threads)
-    cdef int status
+    cdef roicore_status status
     with nogil:
         if nearest:
-            status = roicore_roi_pool_nearest_backward(&r, &tg, &b, &tdx, &call.exec, &call.err)
+            status = roicore_roi_pool_nearest_backward(&r.bilinear_pool, &tg, &b, &tdx,
+                                                       &call.exec, &call.err)
         else:
-            status = roicore_roi_pool_bilinear_backward(&r, &tg, &b, &tdx, &call.exec, &call.err)
+            status = roicore_roi_pool_bilinear_backward(&r.bilinear_pool, &tg, &b, &tdx,
+                                                        &call.exec, &call.err)
     call.check(status)
 
 
 def roi_pool_bilinear_boxes_backward(rules, grad_output, x, coords, batch, grad_boxes,
                                      int n_threads, bint masked=False):
     """The bilinear crops' gradient with respect to the boxes into `grad_boxes` (K, 4)."""
-    cdef roicore_bilinear_pool_rules r = _bilinear_rules(rules)
-    cdef roicore_tensor tg = _tensor(grad_output, False), tx = _tensor(x, False)
+    cdef _Rules r = _rules(rules)
+    cdef roicore_tensor tg = _tensor(grad_output), tx = _tensor(x)
     cdef roicore_boxes b = _boxes(coords, batch, masked)
-    cdef void *gb = _data(grad_boxes, True)
+    cdef void *gb = _writable(grad_boxes)
     cdef _Call call = _Call(n_threads)
-    cdef int status
+    cdef roicore_status status
     with nogil:
-        status = roicore_roi_pool_bilinear_boxes_backward(&r, &tg, &tx, &b, gb, &call.exec,
-                                                          &call.err)
+        status = roicore_roi_pool_bilinear_boxes_backward(&r.bilinear_pool, &tg, &tx, &b, gb,
+                                                          &call.exec, &call.err)
     call.check(status)
 
 
-def psroi_pool_forward(rules, x, coords, batch, double spatial_scale, int64_t group_h,
-                       int64_t group_w, out, int n_threads, bint masked=False):
-    cdef int64_t f[8]
-    cdef roicore_psroi_pool_rules r
-    cdef roicore_error e
-    if roicore_psroi_pool_rules_from_array(f, _fields(rules, f, 8), &r, &e):
-        _rules_error(&e)
-    cdef roicore_tensor tx = _tensor(x, False), to = _tensor(out, True)
+def ps_roi_pool_forward(rules, x, coords, batch, double spatial_scale, int64_t group_h,
+                        int64_t group_w, out, int n_threads, bint masked=False):
+    cdef _Rules r = _rules(rules)
+    cdef roicore_tensor tx = _tensor(x)
+    cdef roicore_out_tensor to = _out(out)
     cdef roicore_boxes b = _boxes(coords, batch, masked)
     cdef _Call call = _Call(n_threads)
-    cdef int status
+    cdef roicore_status status
     with nogil:
-        status = roicore_psroi_pool_forward(&r, &tx, &b, spatial_scale, group_h, group_w, &to,
-                                            &call.exec, &call.err)
+        status = roicore_ps_roi_pool_forward(&r.ps_roi_pool, &tx, &b, spatial_scale, group_h,
+                                             group_w, &to, &call.exec, &call.err)
     call.check(status)
 
 
-def psroi_pool_backward(rules, grad_output, coords, batch, double spatial_scale,
-                        int64_t group_h, int64_t group_w, grad_input, int n_threads,
-                        bint masked=False):
-    cdef int64_t f[8]
-    cdef roicore_psroi_pool_rules r
-    cdef roicore_error e
-    if roicore_psroi_pool_rules_from_array(f, _fields(rules, f, 8), &r, &e):
-        _rules_error(&e)
-    cdef roicore_tensor tg = _tensor(grad_output, False), tdx = _tensor(grad_input, True)
+def ps_roi_pool_backward(rules, grad_output, coords, batch, double spatial_scale,
+                         int64_t group_h, int64_t group_w, grad_input, int n_threads,
+                         bint masked=False):
+    cdef _Rules r = _rules(rules)
+    cdef roicore_tensor tg = _tensor(grad_output)
+    cdef roicore_out_tensor tdx = _out(grad_input)
     cdef roicore_boxes b = _boxes(coords, batch, masked)
     cdef _Call call = _Call(n_threads)
-    cdef int status
+    cdef roicore_status status
     with nogil:
-        status = roicore_psroi_pool_backward(&r, &tg, &b, spatial_scale, group_h, group_w, &tdx,
-                                             &call.exec, &call.err)
+        status = roicore_ps_roi_pool_backward(&r.ps_roi_pool, &tg, &b, spatial_scale, group_h,
+                                              group_w, &tdx, &call.exec, &call.err)
     call.check(status)
 
 
 def roi_align_forward(rules, x, coords, batch, double spatial_scale, int64_t sampling_ratio,
                       bint aligned, out, int n_threads, bint masked=False):
-    cdef int64_t f[8]
-    cdef roicore_roi_align_rules r
-    cdef roicore_error e
-    if roicore_roi_align_rules_from_array(f, _fields(rules, f, 8), &r, &e):
-        _rules_error(&e)
-    cdef roicore_tensor tx = _tensor(x, False), to = _tensor(out, True)
+    cdef _Rules r = _rules(rules)
+    cdef roicore_tensor tx = _tensor(x)
+    cdef roicore_out_tensor to = _out(out)
     cdef roicore_boxes b = _boxes(coords, batch, masked)
     cdef _Call call = _Call(n_threads)
-    cdef int status
+    cdef roicore_status status
     with nogil:
-        status = roicore_roi_align_forward(&r, &tx, &b, spatial_scale, sampling_ratio, aligned,
-                                           &to, &call.exec, &call.err)
+        status = roicore_roi_align_forward(&r.roi_align, &tx, &b, spatial_scale, sampling_ratio,
+                                           aligned, &to, &call.exec, &call.err)
     call.check(status)
 
 
 def roi_align_backward(rules, grad_output, coords, batch, double spatial_scale,
                        int64_t sampling_ratio, bint aligned, grad_input, int n_threads,
                        bint masked=False):
-    cdef int64_t f[8]
-    cdef roicore_roi_align_rules r
-    cdef roicore_error e
-    if roicore_roi_align_rules_from_array(f, _fields(rules, f, 8), &r, &e):
-        _rules_error(&e)
-    cdef roicore_tensor tg = _tensor(grad_output, False), tdx = _tensor(grad_input, True)
+    cdef _Rules r = _rules(rules)
+    cdef roicore_tensor tg = _tensor(grad_output)
+    cdef roicore_out_tensor tdx = _out(grad_input)
     cdef roicore_boxes b = _boxes(coords, batch, masked)
     cdef _Call call = _Call(n_threads)
-    cdef int status
+    cdef roicore_status status
     with nogil:
-        status = roicore_roi_align_backward(&r, &tg, &b, spatial_scale, sampling_ratio, aligned,
-                                            &tdx, &call.exec, &call.err)
+        status = roicore_roi_align_backward(&r.roi_align, &tg, &b, spatial_scale, sampling_ratio,
+                                            aligned, &tdx, &call.exec, &call.err)
     call.check(status)
 
 
 def ps_roi_align_forward(rules, x, coords, batch, double spatial_scale, int64_t sampling_ratio,
                          out, int n_threads, bint masked=False):
-    cdef int64_t f[8]
-    cdef roicore_ps_roi_align_rules r
-    cdef roicore_error e
-    if roicore_ps_roi_align_rules_from_array(f, _fields(rules, f, 8), &r, &e):
-        _rules_error(&e)
-    cdef roicore_tensor tx = _tensor(x, False), to = _tensor(out, True)
+    cdef _Rules r = _rules(rules)
+    cdef roicore_tensor tx = _tensor(x)
+    cdef roicore_out_tensor to = _out(out)
     cdef roicore_boxes b = _boxes(coords, batch, masked)
     cdef _Call call = _Call(n_threads)
-    cdef int status
+    cdef roicore_status status
     with nogil:
-        status = roicore_ps_roi_align_forward(&r, &tx, &b, spatial_scale, sampling_ratio, &to,
-                                              &call.exec, &call.err)
+        status = roicore_ps_roi_align_forward(&r.ps_roi_align, &tx, &b, spatial_scale,
+                                              sampling_ratio, &to, &call.exec, &call.err)
     call.check(status)
 
 
 def ps_roi_align_backward(rules, grad_output, coords, batch, double spatial_scale,
                           int64_t sampling_ratio, grad_input, int n_threads, bint masked=False):
-    cdef int64_t f[8]
-    cdef roicore_ps_roi_align_rules r
-    cdef roicore_error e
-    if roicore_ps_roi_align_rules_from_array(f, _fields(rules, f, 8), &r, &e):
-        _rules_error(&e)
-    cdef roicore_tensor tg = _tensor(grad_output, False), tdx = _tensor(grad_input, True)
+    cdef _Rules r = _rules(rules)
+    cdef roicore_tensor tg = _tensor(grad_output)
+    cdef roicore_out_tensor tdx = _out(grad_input)
     cdef roicore_boxes b = _boxes(coords, batch, masked)
     cdef _Call call = _Call(n_threads)
-    cdef int status
+    cdef roicore_status status
     with nogil:
-        status = roicore_ps_roi_align_backward(&r, &tg, &b, spatial_scale, sampling_ratio, &tdx,
-                                               &call.exec, &call.err)
+        status = roicore_ps_roi_align_backward(&r.ps_roi_align, &tg, &b, spatial_scale,
+                                               sampling_ratio, &tdx, &call.exec, &call.err)
     call.check(status)
 
 
 # ---------------------------------------------------------------------------------------
-# boxes
+# boxes: the C API's checks and conversions; `name` is the argument as the caller's user
+# knows it, for the messages
 
 ctypedef fused real:
     float
     double
 
+ctypedef fused index:
+    int32_t
+    int64_t
 
-def batch_from_column(const real[:] column, int64_t n_images, int64_t[::1] batch,
-                      bint masked=False):
-    """A (K, 5) box array's float batch column (any stride) into int64 `batch`; None when
-    every value is an integer in [0, n_images) (or, with masked, negative), else the C
-    API's message."""
-    cdef roicore_error e
+
+def batch_from_column(const real[:] column, int64_t n_images, bint masked, str name):
+    """A float batch column (any stride) as int64 batch indices, each an integer in
+    [0, n_images) (or, with masked, negative: -1).  Raises ValueError naming ``name``."""
     cdef int64_t k = column.shape[0]
-    if k != batch.shape[0]:
-        raise ValueError(f"batch must have {k} entries, got {batch.shape[0]}")
+    batch = np.empty(k, np.int64)
     if k == 0:
-        return None
+        return batch
+    cdef int64_t[::1] out = batch
+    cdef roicore_error e
     cdef roicore_dtype dt = ROICORE_FLOAT32 if real is float else ROICORE_FLOAT64
-    if roicore_batch_from_column(&column[0], dt, column.strides[0] // sizeof(real), k, n_images,
-                                 masked, &batch[0], &e):
-        return e.message.decode("utf-8", "replace")
-    return None
+    encoded = name.encode()
+    cdef roicore_status status = roicore_batch_from_column(
+        &column[0], dt, column.strides[0] // sizeof(real), k, n_images, masked, encoded, &out[0], &e)
+    if status != ROICORE_OK:
+        raise _exception(status, &e)
+    return batch
 
 
-def batch_in_range(const int64_t[::1] batch, int64_t n_images):
-    """True when every index is in [0, n_images)."""
-    cdef int64_t k
-    for k in range(batch.shape[0]):
-        if batch[k] < 0 or batch[k] >= n_images:
-            return False
-    return True
+def batch_from_indices(const index[::1] indices, int64_t n_images, bint masked, str name):
+    """int32/int64 image indices as int64 batch indices, checked like batch_from_column's."""
+    cdef int64_t k = indices.shape[0]
+    batch = np.empty(k, np.int64)
+    if k == 0:
+        return batch
+    cdef int64_t[::1] out = batch
+    cdef roicore_error e
+    cdef roicore_index_type it = ROICORE_INT32 if index is int32_t else ROICORE_INT64
+    encoded = name.encode()
+    cdef roicore_status status = roicore_batch_from_indices(&indices[0], it, k, n_images, masked,
+                                                            encoded, &out[0], &e)
+    if status != ROICORE_OK:
+        raise _exception(status, &e)
+    return batch
 
 
-def coords_ok(coords, double scale_x, double scale_y):
-    """True when every coordinate of C-contiguous (K, 4) float32/float64 `coords` is finite
-    and, times the scale of its axis (0: not checked), within 2**24 feature-map pixels."""
+def batch_from_counts(const index[::1] counts, int64_t n_boxes, str name):
+    """Per-image box counts (boxes grouped by image, in image order) as int64 batch indices
+    of the ``n_boxes`` boxes; the counts must be non-negative and sum to n_boxes."""
+    batch = np.empty(n_boxes, np.int64)
+    cdef int64_t[::1] out = batch
+    cdef roicore_error e
+    cdef roicore_index_type it = ROICORE_INT32 if index is int32_t else ROICORE_INT64
+    cdef int64_t n_images = counts.shape[0]
+    encoded = name.encode()
+    cdef roicore_status status = roicore_batch_from_counts(
+        &counts[0] if n_images else NULL, it, n_images, n_boxes, encoded,
+        &out[0] if n_boxes else NULL, &e)
+    if status != ROICORE_OK:
+        raise _exception(status, &e)
+    return batch
+
+
+def check_coords(coords, double scale_x, double scale_y, str name):
+    """Raises ValueError unless every coordinate of C-contiguous (K, 4) float32/float64
+    `coords` is finite and, times the scale of its axis (0: not checked), within
+    MAX_SCALED_COORD feature-map pixels of the origin."""
     cdef roicore_error e
     cdef int64_t k = coords.shape[0]
     cdef roicore_dtype dt = ROICORE_FLOAT32 if coords.dtype.itemsize == 4 else ROICORE_FLOAT64
-    cdef const void *p = _data(coords, False) if k else NULL
-    return roicore_check_coords(p, dt, k, scale_x, scale_y, &e) == ROICORE_OK
+    cdef const void *p = _data(coords) if k else NULL
+    encoded = name.encode()
+    cdef roicore_status status = roicore_check_coords(p, dt, k, scale_x, scale_y, encoded, &e)
+    if status != ROICORE_OK:
+        raise _exception(status, &e)
+
+
+def convert_coords(const real[:, ::1] rows, int64_t first, bint yx, dtype):
+    """(K, 4) [x1, y1, x2, y2] rows of `dtype` (float32 or float64) from the 4 values at
+    `first` of each row (`yx`: rows [y1, x1, y2, x2])."""
+    cdef int64_t k = rows.shape[0], stride = rows.shape[1]
+    out = np.empty((k, 4), dtype)
+    cdef roicore_error e
+    cdef roicore_dtype src = ROICORE_FLOAT32 if real is float else ROICORE_FLOAT64
+    cdef roicore_dtype dst = ROICORE_FLOAT32 if out.dtype.itemsize == 4 else ROICORE_FLOAT64
+    cdef roicore_status status = roicore_convert_coords(
+        &rows[0, 0] if k else NULL, src, stride, first, yx, k,
+        _writable(out) if k else NULL, dst, &e)
+    if status != ROICORE_OK:
+        raise _exception(status, &e)
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -603,7 +594,8 @@ def get_memory_limit():
 
 
 def set_memory_limit(int64_t nbytes):
-    roicore_set_memory_limit(nbytes)
+    if roicore_set_memory_limit(nbytes) != ROICORE_OK:
+        raise ValueError(f"the memory limit must be >= 0 bytes, got {nbytes}")
 
 
 def release_scratch():

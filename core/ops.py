@@ -36,10 +36,12 @@ the forward output's shape; boxes receive no gradient (as in every framework her
 """
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
-from . import _binding
-from . import _validate as V
+from . import _binding, operators
+from . import args as V
 from ._threads import effective_n_threads
 from .conventions import (
     BILINEAR_POOL, MAX_POOL, PSROI_ALIGN, PSROI_POOL, ROI_ALIGN,
@@ -52,19 +54,6 @@ __all__ = [
     "ps_roi_align_backward",
 ]
 
-_METHODS = ("max", "bilinear", "nearest")
-_CROP_METHODS = ("bilinear", "nearest")
-
-
-def _scale_for(rules, spatial_scale, dtype):
-    """spatial_scale as the framework holds it: a C float attribute, or the input dtype."""
-    held_type = np.float32 if rules.scale_precision == "float32" else np.dtype(dtype).type
-    if 1e-30 < spatial_scale < 1e30:  # no overflow or underflow to warn about: skip errstate
-        held = float(held_type(spatial_scale))
-    else:
-        with np.errstate(over="ignore", under="ignore"):
-            held = float(held_type(spatial_scale))
-    return V.held_scale(spatial_scale, held)
 
 
 def _output(out, shape, xc, out_dtype, *also_read, name="out"):
@@ -76,18 +65,18 @@ def _output(out, shape, xc, out_dtype, *also_read, name="out"):
 
 
 def _method(method):
-    if method not in _METHODS:
-        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
+    """roi_pool's ``method``, one of those the operator table lists."""
+    methods = tuple(m.name for m in operators.operator("roi_pool").methods)
+    if method not in methods:
+        raise ValueError(f"method must be one of {methods}, got {method!r}")
     return method
 
 
 def _pool_rules(method, convention):
-    if method == "max":
-        return resolve("mxnet" if convention is None else convention, MAX_POOL, MaxPoolRules,
-                       "roi_pool(method='max')")
-    default = "openvino" if method == "bilinear" else "tensorflow"  # only TF samples nearest
-    return resolve(default if convention is None else convention, BILINEAR_POOL,
-                   BilinearPoolRules, f"roi_pool(method={method!r})")
+    """roi_pool's rules for ``method``; its default convention is the table's."""
+    m = operators.operator("roi_pool").method(method)
+    return resolve(m.default if convention is None else convention, m.conventions, m.rules_type,
+                   f"roi_pool(method={method!r})")
 
 
 def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, masked=False,
@@ -141,8 +130,6 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, ma
     threads = effective_n_threads(n_threads)
     N, C, H, W = xc.shape
     if method == "max":
-        scale = _scale_for(rules, spatial_scale, xc.dtype)
-        V.coordinate_range(V.unmasked(coords, batch, masked), scale, scale)
         out = _output(out, (coords.shape[0], C, PH, PW), xc, out_dtype, boxes, batch_indices)
         argmax = None
         if return_argmax:
@@ -151,7 +138,6 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, ma
                                       threads, masked)
         y = out.astype(out_dtype, copy=False)
         return (y, argmax) if return_argmax else y
-    V.coordinate_range(V.unmasked(coords, batch, masked), max(W - 1, 1), max(H - 1, 1))
     out = _output(out, (coords.shape[0], C, PH, PW), xc, out_dtype, boxes, batch_indices)
     _binding.roi_pool_bilinear_forward(rules, xc, coords, batch, extrapolation_value, out,
                                        threads, masked, nearest=method == "nearest")
@@ -182,13 +168,12 @@ def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, bat
         if argmax is None:
             raise TypeError("roi_pool_backward(method='max') needs the argmax returned by "
                             "roi_pool(..., return_argmax=True)")
-        a = _argmax_array(argmax, rules, g.shape, shape)
+        a = _argmax_array(argmax, g.shape)
         dx = _output(out, shape, g, out_dtype, a, boxes, batch_indices, name="out")
         _binding.roi_pool_max_backward(rules, g, a, batch, dx, threads, masked)
     else:
         if argmax is not None:
             raise ValueError(f"argmax is only used by method='max'; method={method!r} has none")
-        V.coordinate_range(V.unmasked(coords, batch, masked), max(W - 1, 1), max(H - 1, 1))
         dx = _output(out, shape, g, out_dtype, boxes, batch_indices)
         _binding.roi_pool_bilinear_backward(rules, g, coords, batch, dx, threads, masked,
                                             nearest=method == "nearest")
@@ -218,68 +203,29 @@ def roi_pool_boxes_backward(grad_output, x, boxes, *, batch_indices=None, masked
         raise TypeError(f"grad_output must have the dtype of x ({out_dtype}), got {g_dtype}")
     coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype, masked)
     V.expect_shape(g, (coords.shape[0], C) + g.shape[2:], "grad_output")
-    V.coordinate_range(V.unmasked(coords, batch, masked), max(W - 1, 1), max(H - 1, 1))
     threads = effective_n_threads(n_threads)
     grad = _output(out, coords.shape, xc, out_dtype, g, boxes, batch_indices)
     _binding.roi_pool_bilinear_boxes_backward(rules, g, xc, coords, batch, grad, threads, masked)
     return grad.astype(out_dtype, copy=False)
 
 
-def _argmax_array(argmax, rules, expected_shape, input_shape):
+def _argmax_array(argmax, expected_shape):
     """An argmax from the forward as a C-contiguous int32/int64 array.  Its values are
     checked by the backward kernel, which follows only -1 or a pixel of the entry's own
-    (box, channel) plane in the convention's encoding, and counts anything else so that
-    the call raises (_argmax_error) instead of returning a gradient."""
+    (box, channel) plane in the convention's encoding and raises for anything else."""
     a = np.asarray(argmax)
     if a.dtype.kind not in "iu":
         raise TypeError(f"argmax must have an integer dtype, got {a.dtype}")
     if a.shape != tuple(expected_shape):
         raise ValueError(f"argmax must have shape {tuple(expected_shape)}, got {a.shape}")
     if a.dtype not in (np.int32, np.int64):
-        # other widths: compare as given, before a cast could wrap e.g. 2**64-1 to -1
-        if a.size and (a.min() < -1 or a.max() >= np.prod(input_shape, dtype=np.int64)):
-            raise _argmax_error(rules, input_shape)
-        a = a.astype(np.int64)
+        # other widths as int64; uint64 values beyond it (no pixel's index) saturate, so a
+        # cast never wraps one to -1, the index of an empty bin
+        wide = a.astype(np.int64)
+        if a.dtype == np.uint64:
+            wide[a > np.iinfo(np.int64).max] = np.iinfo(np.int64).max
+        a = wide
     return V.contiguous(a)
-
-
-def _argmax_error(rules, input_shape):
-    """The C API's message for an argmax the backward cannot follow."""
-    N, C, H, W = input_shape
-    if rules.argmax == "global":
-        where = ("outside their own (box, channel) plane for 'global' encoding (flat indices "
-                 "into the input: -1, or in [(n*C + c)*H*W, (n*C + c + 1)*H*W) for box image "
-                 "n, channel c)")
-    else:
-        where = f"outside [-1, {H * W}) for 'plane' encoding"
-    return ValueError(f"argmax holds indices {where} and input shape {tuple(input_shape)}; pass "
-                      "the argmax returned by roi_pool with the same boxes and convention")
-
-
-def _psroi_setup(output_size, group_size, C, output_channels, channels_of="x"):
-    """Pooled size, group size and output channels; ``channels_of`` names where C came from."""
-    PH, PW = V.pair(output_size, "output_size")
-    GH, GW = (PH, PW) if group_size is None else V.pair(group_size, "group_size")
-    if output_channels is None:
-        if C % (GH * GW):
-            raise ValueError(f"{channels_of} has C={C} channels, which is not a multiple of the "
-                             f"group area {GH}x{GW}={GH * GW}")
-        output_channels = C // (GH * GW)
-    elif isinstance(output_channels, bool) or not isinstance(output_channels, (int, np.integer)):
-        raise TypeError(f"output_channels must be an int, got {type(output_channels).__name__}")
-    if output_channels < 1:
-        raise ValueError(f"output_channels must be >= 1, got {output_channels}")
-    if C != output_channels * GH * GW:
-        raise ValueError(f"{channels_of} must have output_channels * {GH} * {GW} = "
-                         f"{output_channels * GH * GW} channels (output_channels="
-                         f"{output_channels}, group {GH}x{GW}), got C={C}")
-    return PH, PW, GH, GW, int(output_channels)
-
-
-def _check_group(rules, pooled, group):
-    if rules.formula == "torchvision" and tuple(group) != tuple(pooled):
-        raise ValueError(f"group_size must be None or the pooled size {tuple(pooled)} with "
-                         f"convention 'torchvision', got {tuple(group)}")
 
 
 def psroi_pool(x, boxes, output_size, spatial_scale=1.0, *, output_channels=None, group_size=None,
@@ -315,15 +261,12 @@ def psroi_pool(x, boxes, output_size, spatial_scale=1.0, *, output_channels=None
     rules = resolve(convention, PSROI_POOL, PSRoIPoolRules, "psroi_pool")
     xc, out_dtype = V.nchw_float(x, "x")
     N, C, H, W = xc.shape
-    PH, PW, GH, GW, D = _psroi_setup(output_size, group_size, C, output_channels)
-    _check_group(rules, (PH, PW), (GH, GW))
+    PH, PW, GH, GW, D = V.ps_channels(output_size, group_size, C, output_channels)
     spatial_scale = V.positive_scale(spatial_scale)
     coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype, masked)
-    scale = _scale_for(rules, spatial_scale, xc.dtype)
-    V.coordinate_range(V.unmasked(coords, batch, masked), scale, scale)
     threads = effective_n_threads(n_threads)
     out = _output(out, (coords.shape[0], D, PH, PW), xc, out_dtype, boxes, batch_indices)
-    _binding.psroi_pool_forward(rules, xc, coords, batch, spatial_scale, GH, GW, out, threads,
+    _binding.ps_roi_pool_forward(rules, xc, coords, batch, spatial_scale, GH, GW, out, threads,
                                 masked)
     return out.astype(out_dtype, copy=False)
 
@@ -340,16 +283,13 @@ def psroi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, g
     shape = V.input_shape(input_shape)
     N, C, H, W = shape
     g, out_dtype = V.nchw_float(grad_output, "grad_output", "(K, D, PH, PW)")
-    _, _, GH, GW, D = _psroi_setup(g.shape[2:], group_size, C, None, "input_shape")
-    _check_group(rules, g.shape[2:], (GH, GW))
+    _, _, GH, GW, D = V.ps_channels(g.shape[2:], group_size, C, None, "input_shape")
     spatial_scale = V.positive_scale(spatial_scale)
     coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype, masked)
     V.expect_shape(g, (coords.shape[0], D) + g.shape[2:], "grad_output")
-    scale = _scale_for(rules, spatial_scale, g.dtype)
-    V.coordinate_range(V.unmasked(coords, batch, masked), scale, scale)
     threads = effective_n_threads(n_threads)
     dx = _output(out, shape, g, out_dtype, boxes, batch_indices)
-    _binding.psroi_pool_backward(rules, g, coords, batch, spatial_scale, GH, GW, dx, threads,
+    _binding.ps_roi_pool_backward(rules, g, coords, batch, spatial_scale, GH, GW, dx, threads,
                                  masked)
     return dx.astype(out_dtype, copy=False)
 
@@ -386,9 +326,6 @@ def roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, align
     N, C, H, W = xc.shape
     PH, PW = V.pair(output_size, "output_size")
     coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype, masked)
-    scale = _scale_for(rules, spatial_scale, xc.dtype)
-    V.coordinate_range(V.unmasked(coords, batch, masked), scale, scale)
-    V.adaptive_grid(V.unmasked(coords, batch, masked), scale, (PH, PW), sampling_ratio)
     threads = effective_n_threads(n_threads)
     out = _output(out, (coords.shape[0], C, PH, PW), xc, out_dtype, boxes, batch_indices)
     _binding.roi_align_forward(rules, xc, coords, batch, spatial_scale, sampling_ratio, aligned,
@@ -411,9 +348,6 @@ def roi_align_backward(grad_output, boxes, input_shape, spatial_scale=1.0, sampl
     PH, PW = g.shape[2:]
     coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype, masked)
     V.expect_shape(g, (coords.shape[0], C, PH, PW), "grad_output")
-    scale = _scale_for(rules, spatial_scale, g.dtype)
-    V.coordinate_range(V.unmasked(coords, batch, masked), scale, scale)
-    V.adaptive_grid(V.unmasked(coords, batch, masked), scale, (PH, PW), sampling_ratio)
     threads = effective_n_threads(n_threads)
     dx = _output(out, shape, g, out_dtype, boxes, batch_indices)
     _binding.roi_align_backward(rules, g, coords, batch, spatial_scale, sampling_ratio, aligned,
@@ -448,11 +382,8 @@ def ps_roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, *,
                                                            sampling_ratio, "ps_roi_align")
     xc, out_dtype = V.nchw_float(x, "x")
     N, C, H, W = xc.shape
-    PH, PW, _, _, D = _psroi_setup(output_size, None, C, None)
+    PH, PW, _, _, D = V.ps_channels(output_size, None, C, None)
     coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype, masked)
-    scale = _scale_for(rules, spatial_scale, xc.dtype)
-    V.coordinate_range(V.unmasked(coords, batch, masked), scale, scale)
-    V.adaptive_grid(V.unmasked(coords, batch, masked), scale, (PH, PW), sampling_ratio)
     threads = effective_n_threads(n_threads)
     out = _output(out, (coords.shape[0], D, PH, PW), xc, out_dtype, boxes, batch_indices)
     _binding.ps_roi_align_forward(rules, xc, coords, batch, spatial_scale, sampling_ratio, out,
@@ -470,14 +401,38 @@ def ps_roi_align_backward(grad_output, boxes, input_shape, spatial_scale=1.0, sa
     shape = V.input_shape(input_shape)
     N, C, H, W = shape
     g, out_dtype = V.nchw_float(grad_output, "grad_output", "(K, D, PH, PW)")
-    PH, PW, _, _, D = _psroi_setup(g.shape[2:], None, C, None, "input_shape")
+    PH, PW, _, _, D = V.ps_channels(g.shape[2:], None, C, None, "input_shape")
     coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype, masked)
     V.expect_shape(g, (coords.shape[0], D, PH, PW), "grad_output")
-    scale = _scale_for(rules, spatial_scale, g.dtype)
-    V.coordinate_range(V.unmasked(coords, batch, masked), scale, scale)
-    V.adaptive_grid(V.unmasked(coords, batch, masked), scale, (PH, PW), sampling_ratio)
     threads = effective_n_threads(n_threads)
     dx = _output(out, shape, g, out_dtype, boxes, batch_indices)
     _binding.ps_roi_align_backward(rules, g, coords, batch, spatial_scale, sampling_ratio, dx,
                                    threads, masked)
     return dx.astype(out_dtype, copy=False)
+
+
+# ---------------------------------------------------------------------------------------
+# The operator table (roicore.core.operators): each operator once, with its methods and
+# options.  A function's default convention comes from its signature.
+
+def _only_method(fn, conventions):
+    """The one method of ``fn``, its default convention from its signature."""
+    return operators.Method("", conventions, inspect.signature(fn).parameters["convention"].default)
+
+
+operators.register(operators.Operator(
+    "roi_pool", roi_pool, roi_pool_backward, (
+        operators.Method("max", MAX_POOL, "mxnet", saves_argmax=True),
+        operators.Method("bilinear", BILINEAR_POOL, "openvino", normalised_boxes=True),
+        # only TensorFlow samples the nearest pixel
+        operators.Method("nearest", BILINEAR_POOL, "tensorflow", normalised_boxes=True)),
+    boxes_backward=roi_pool_boxes_backward))
+operators.register(operators.Operator(
+    "psroi_pool", psroi_pool, psroi_pool_backward, (_only_method(psroi_pool, PSROI_POOL),),
+    options=("group_size",), position_sensitive=True))
+operators.register(operators.Operator(
+    "roi_align", roi_align, roi_align_backward, (_only_method(roi_align, ROI_ALIGN),),
+    options=("sampling_ratio", "aligned")))
+operators.register(operators.Operator(
+    "ps_roi_align", ps_roi_align, ps_roi_align_backward, (_only_method(ps_roi_align, PSROI_ALIGN),),
+    options=("sampling_ratio",), position_sensitive=True))

@@ -105,10 +105,23 @@ roicore_dtype float_dtype(const paddle::Tensor& t, const char* name, const std::
   invalid(op, std::string(name) + " must be float32 or float64, got " + dtype_text(t.dtype()));
 }
 
-// A 4-D dense host tensor as the C API's NCHW tensor.
+// A 4-D dense host tensor as the C API's NCHW tensor: one a call reads, or (out) writes.
+template <typename Described, typename Data>
+Described described(Data data, const std::vector<int64_t>& d, roicore_dtype dtype) {
+  Described t{};
+  t.data = data;
+  t.dtype = dtype;
+  t.layout = ROICORE_NCHW;
+  t.n = d[0], t.c = d[1], t.h = d[2], t.w = d[3];
+  return t;
+}
+
 roicore_tensor view(const paddle::Tensor& t, roicore_dtype dtype) {
-  const auto d = t.shape();
-  return roicore_tensor{const_cast<void*>(t.data()), dtype, ROICORE_NCHW, d[0], d[1], d[2], d[3]};
+  return described<roicore_tensor>(t.data(), t.shape(), dtype);
+}
+
+roicore_out_tensor out_view(paddle::Tensor& t, roicore_dtype dtype) {
+  return described<roicore_out_tensor>(t.data(), t.shape(), dtype);
 }
 
 roicore_tensor nchw(const paddle::Tensor& t, roicore_dtype dtype, const char* name,
@@ -159,16 +172,19 @@ Inputs inputs(const paddle::Tensor& x_in, const paddle::Tensor& boxes_in,
                     "), got " + std::to_string(counts.shape()[0]));
   in.batch.resize(static_cast<size_t>(bd[0]));
   call(op, [&](roicore_error* err) {
-    return roicore_batch_from_counts(counts.data(), count_type, in.tx.n, bd[0], in.batch.data(),
-                                     err);
+    return roicore_batch_from_counts(counts.data(), count_type, in.tx.n, bd[0], "boxes_num",
+                                     in.batch.data(), err);
   });
-  in.rb = roicore_boxes{in.boxes.data(), in.batch.data(), bd[0], 0};
+  in.rb = roicore_boxes{};
+  in.rb.coords = in.boxes.data();
+  in.rb.batch = in.batch.data();
+  in.rb.k = bd[0];
   return in;
 }
 
 // The rules attribute decoded by `from_array` (a roicore_*_rules_from_array).
 template <typename Rules>
-Rules decode(int (*from_array)(const int64_t*, int64_t, Rules*, roicore_error*),
+Rules decode(roicore_status (*from_array)(const int64_t*, int64_t, Rules*, roicore_error*),
              const std::vector<int>& rules, const std::string& op) {
   const std::vector<int64_t> fields(rules.begin(), rules.end());
   Rules r;
@@ -178,7 +194,11 @@ Rules decode(int (*from_array)(const int64_t*, int64_t, Rules*, roicore_error*),
   return r;
 }
 
-roicore_exec exec_of(int n_threads) { return roicore_exec{n_threads, nullptr, nullptr}; }
+roicore_exec exec_of(int n_threads) {
+  roicore_exec exec{};
+  exec.n_threads = n_threads;
+  return exec;
+}
 
 // An output of `dims` and x's dtype, checked against roicore's memory limit first.
 paddle::Tensor output(const std::vector<int64_t>& dims, paddle::DataType dtype,
@@ -226,10 +246,9 @@ roicore_max_pool_rules max_rules(const std::vector<int>& rules, const std::strin
 
 // Forward into `out` and, if not null, the int64 argmax.
 void roi_pool_into(const Inputs& in, const roicore_max_pool_rules& r, float spatial_scale,
-                   const paddle::Tensor& out, int64_t* argmax, int n_threads,
-                   const std::string& op) {
+                   paddle::Tensor& out, int64_t* argmax, int n_threads, const std::string& op) {
   const roicore_exec ex = exec_of(n_threads);
-  const roicore_tensor to = view(out, in.tx.dtype);
+  const roicore_out_tensor to = out_view(out, in.tx.dtype);
   call(op, [&](roicore_error* err) {
     return roicore_roi_pool_max_forward(&r, &in.tx, &in.rb, spatial_scale, &to, argmax,
                                         ROICORE_INT64, &ex, err);
@@ -277,7 +296,8 @@ std::vector<paddle::Tensor> RoIPoolBackward(const paddle::Tensor& x,
   }
   auto dx = output(x.shape(), in.x.dtype(), op);
   const roicore_exec ex = exec_of(n_threads);
-  const roicore_tensor tg = view(grad_out, in.tx.dtype), tdx = view(dx, in.tx.dtype);
+  const roicore_tensor tg = view(grad_out, in.tx.dtype);
+  const roicore_out_tensor tdx = out_view(dx, in.tx.dtype);
   call(op, [&](roicore_error* err) {
     return roicore_roi_pool_max_backward(&r, &tg, argmax.data(), ROICORE_INT64, &in.rb, &tdx,
                                          &ex, err);
@@ -317,11 +337,14 @@ int64_t ps_channels(int64_t c, int output_channels, int pooled_height, int poole
     d = c / area;
   }
   if (d < 1) invalid(op, "output_channels must be >= 1, got " + std::to_string(d));
-  if (c != d * area)
+  int64_t want = 0;
+  const bool overflow = __builtin_mul_overflow(d, area, &want);
+  if (overflow || c != want)
     invalid(op, "x must have output_channels * " + std::to_string(pooled_height) + " * " +
                     std::to_string(pooled_width) + " = " +
-                    std::to_string(d * area) + " channels (output_channels=" + std::to_string(d) +
-                    ", group " + group + "), got C=" + std::to_string(c));
+                    (overflow ? std::string("more than 2**63") : std::to_string(want)) +
+                    " channels (output_channels=" + std::to_string(d) + ", group " + group +
+                    "), got C=" + std::to_string(c));
   return d;
 }
 
@@ -334,14 +357,14 @@ std::vector<paddle::Tensor> PSRoIPoolForward(const paddle::Tensor& x,
   const std::string op = "psroi_pool";
   check_pooled(pooled_height, pooled_width, op);
   const Inputs in = inputs(x, boxes, boxes_num, op);
-  const auto r = decode(roicore_psroi_pool_rules_from_array, rules, op);
+  const auto r = decode(roicore_ps_roi_pool_rules_from_array, rules, op);
   const int64_t d = ps_channels(in.tx.c, output_channels, pooled_height, pooled_width, op);
   auto out = output({in.rb.k, d, pooled_height, pooled_width}, in.x.dtype(), op);
   const roicore_exec ex = exec_of(n_threads);
-  const roicore_tensor to = view(out, in.tx.dtype);
+  const roicore_out_tensor to = out_view(out, in.tx.dtype);
   call(op, [&](roicore_error* err) {
-    return roicore_psroi_pool_forward(&r, &in.tx, &in.rb, spatial_scale, pooled_height,
-                                      pooled_width, &to, &ex, err);
+    return roicore_ps_roi_pool_forward(&r, &in.tx, &in.rb, spatial_scale, pooled_height,
+                                       pooled_width, &to, &ex, err);
   });
   return {out};
 }
@@ -357,16 +380,17 @@ std::vector<paddle::Tensor> PSRoIPoolBackward(const paddle::Tensor& x,
   const std::string op = "psroi_pool_grad";
   check_pooled(pooled_height, pooled_width, op);
   const Inputs in = inputs(x, boxes, boxes_num, op);
-  const auto r = decode(roicore_psroi_pool_rules_from_array, rules, op);
+  const auto r = decode(roicore_ps_roi_pool_rules_from_array, rules, op);
   const int64_t d = ps_channels(in.tx.c, output_channels, pooled_height, pooled_width, op);
   const paddle::Tensor grad_out =
       grad_output(grad_out_in, {in.rb.k, d, pooled_height, pooled_width}, in, op);
   auto dx = output(x.shape(), in.x.dtype(), op);
   const roicore_exec ex = exec_of(n_threads);
-  const roicore_tensor tg = view(grad_out, in.tx.dtype), tdx = view(dx, in.tx.dtype);
+  const roicore_tensor tg = view(grad_out, in.tx.dtype);
+  const roicore_out_tensor tdx = out_view(dx, in.tx.dtype);
   call(op, [&](roicore_error* err) {
-    return roicore_psroi_pool_backward(&r, &tg, &in.rb, spatial_scale, pooled_height,
-                                       pooled_width, &tdx, &ex, err);
+    return roicore_ps_roi_pool_backward(&r, &tg, &in.rb, spatial_scale, pooled_height,
+                                        pooled_width, &tdx, &ex, err);
   });
   return {dx};
 }
@@ -402,7 +426,7 @@ std::vector<paddle::Tensor> RoIAlignForward(const paddle::Tensor& x,
   const auto r = decode(roicore_roi_align_rules_from_array, rules, op);
   auto out = output({in.rb.k, in.tx.c, pooled_height, pooled_width}, in.x.dtype(), op);
   const roicore_exec ex = exec_of(n_threads);
-  const roicore_tensor to = view(out, in.tx.dtype);
+  const roicore_out_tensor to = out_view(out, in.tx.dtype);
   call(op, [&](roicore_error* err) {
     return roicore_roi_align_forward(&r, &in.tx, &in.rb, spatial_scale, sampling_ratio, aligned,
                                      &to, &ex, err);
@@ -425,7 +449,8 @@ std::vector<paddle::Tensor> RoIAlignBackward(const paddle::Tensor& x,
   const paddle::Tensor grad_out = grad_output(grad_out_in, dims, in, op);
   auto dx = output(x.shape(), in.x.dtype(), op);
   const roicore_exec ex = exec_of(n_threads);
-  const roicore_tensor tg = view(grad_out, in.tx.dtype), tdx = view(dx, in.tx.dtype);
+  const roicore_tensor tg = view(grad_out, in.tx.dtype);
+  const roicore_out_tensor tdx = out_view(dx, in.tx.dtype);
   call(op, [&](roicore_error* err) {
     return roicore_roi_align_backward(&r, &tg, &in.rb, spatial_scale, sampling_ratio, aligned,
                                       &tdx, &ex, err);

@@ -110,7 +110,8 @@ class RoiKernel : public OpKernel {
   }
 
   roicore_exec Exec(OpKernelContext* ctx) const {
-    roicore_exec exec{n_threads_, nullptr, nullptr};
+    roicore_exec exec{};
+    exec.n_threads = n_threads_;
     if (ctx->cancellation_manager() != nullptr) {
       exec.poll = StepCancelled;
       exec.poll_arg = ctx->cancellation_manager();
@@ -118,14 +119,16 @@ class RoiKernel : public OpKernel {
     return exec;
   }
 
-  // A 4-D tensor in this op's layout; `shape` names its dimensions for messages.
-  Status Describe(const Tensor& t, const char* name, const char* shape,
-                  roicore_tensor* out) const {
+  // A 4-D tensor in this op's layout (roicore_tensor: read, roicore_out_tensor: written);
+  // `shape` names its dimensions for messages.
+  template <typename Described>
+  Status Describe(const Tensor& t, const char* name, const char* shape, Described* out) const {
     if (t.dims() != 4) {
       return Invalid(name, " must be a 4-D ", shape, " tensor (",
                      nhwc_ ? "NHWC" : "NCHW", "), got shape ",
                      t.shape().DebugString());
     }
+    *out = Described{};
     out->data = t.data();
     out->dtype = DtypeOf(t.dtype());
     out->layout = nhwc_ ? ROICORE_NHWC : ROICORE_NCHW;
@@ -166,7 +169,8 @@ class RoiKernel : public OpKernel {
     TF_RETURN_IF_ERROR(ctx->allocate_temp(tensorflow::DT_INT64, TensorShape({k}), batch));
     return Check([&](roicore_error* err) {
       return roicore_batch_from_indices(indices.data(), IndexTypeOf(indices.dtype()), k,
-                                        n_images, batch->flat<int64_t>().data(), err);
+                                        n_images, /*masked=*/0, "box_indices",
+                                        batch->flat<int64_t>().data(), err);
     });
   }
 
@@ -191,7 +195,10 @@ class RoiKernel : public OpKernel {
       return roicore_convert_coords(boxes.data(), DtypeOf(boxes.dtype()), 4, 0, /*yx=*/1, k,
                                     out->coords.data(), dtype, err);
     }));
-    out->view = {out->coords.data(), out->batch.flat<int64_t>().data(), k, 0};
+    out->view = roicore_boxes{};
+    out->view.coords = out->coords.data();
+    out->view.batch = out->batch.flat<int64_t>().data();
+    out->view.k = k;
     return absl::OkStatus();
   }
 
@@ -209,7 +216,7 @@ class RoiKernel : public OpKernel {
 
   // Output `index`, of `shape` in this op's layout, described for the C library.
   Status Allocate(OpKernelContext* ctx, int index, const TensorShape& shape,
-                  roicore_tensor* out) const {
+                  roicore_out_tensor* out) const {
     Tensor* t = nullptr;
     TF_RETURN_IF_ERROR(ctx->allocate_output(index, shape, &t));
     return Describe(*t, "output", "", out);
@@ -219,7 +226,8 @@ class RoiKernel : public OpKernel {
   // then the C library's `call(x, boxes, out, exec, err)`.
   template <typename Call>
   void Forward(OpKernelContext* ctx, int64_t ph, int64_t pw, int64_t group, Call call) const {
-    roicore_tensor x, out;
+    roicore_tensor x;
+    roicore_out_tensor out;
     Boxes boxes;
     OP_REQUIRES_OK(ctx, ReadForward(ctx, &x, &boxes));
     OP_REQUIRES(ctx, x.c % group == 0,
@@ -251,7 +259,8 @@ class RoiPoolMaxOp : public RoiKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    roicore_tensor x, out;
+    roicore_tensor x;
+    roicore_out_tensor out;
     Boxes boxes;
     OP_REQUIRES_OK(ctx, ReadForward(ctx, &x, &boxes));
     const TensorShape shape = Shape4(boxes.view.k, x.c, ph_, pw_);
@@ -263,7 +272,11 @@ class RoiPoolMaxOp : public RoiKernel {
       OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({0}), &argmax));
       argmax = nullptr;
     } else if (ctx->output_required(1)) {
-      OP_REQUIRES(ctx, roicore_max_pool_argmax_type(&rules_c_, &x) == ROICORE_INT32,
+      roicore_index_type type = ROICORE_INT64;
+      OP_REQUIRES_OK(ctx, Check([&](roicore_error* err) {
+        return roicore_max_pool_argmax_type(&rules_c_, &x, &type, err);
+      }));
+      OP_REQUIRES(ctx, type == ROICORE_INT32,
                   Invalid("feature maps of ", x.h, "x", x.w,
                           " >= 2**31 pixels per plane are not supported"));
       OP_REQUIRES_OK(ctx, ctx->allocate_output(1, shape, &argmax));
@@ -290,7 +303,8 @@ class RoiPoolMaxGradOp : public RoiKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    roicore_tensor g, d;
+    roicore_tensor g;
+    roicore_out_tensor d;
     TensorShape image_shape;
     OP_REQUIRES_OK(ctx, ReadGradient(ctx, &g, &image_shape));
     const Tensor& argmax = ctx->input(1);
@@ -301,7 +315,9 @@ class RoiPoolMaxGradOp : public RoiKernel {
     Tensor batch;
     OP_REQUIRES_OK(ctx, ReadBatch(ctx, ctx->input(2), g.n, image_shape.dim_size(0), &batch));
     OP_REQUIRES_OK(ctx, Allocate(ctx, 0, image_shape, &d));
-    const roicore_boxes boxes{nullptr, batch.flat<int64_t>().data(), g.n, 0};
+    roicore_boxes boxes{};
+    boxes.batch = batch.flat<int64_t>().data();
+    boxes.k = g.n;
     const roicore_exec exec = Exec(ctx);
     OP_REQUIRES_OK(ctx, Check([&](roicore_error* err) {
       return roicore_roi_pool_max_backward(&rules_c_, &g, argmax.data(), ROICORE_INT32, &boxes,
@@ -322,7 +338,8 @@ class ImageGradKernel : public RoiKernel {
   // library's `call(g, boxes, d, exec, err)`.
   template <typename Call>
   void Backward(OpKernelContext* ctx, Call call) const {
-    roicore_tensor g, d;
+    roicore_tensor g;
+    roicore_out_tensor d;
     TensorShape image_shape;
     Boxes boxes;
     OP_REQUIRES_OK(ctx, ReadGradient(ctx, &g, &image_shape));
@@ -430,13 +447,13 @@ class PsroiPoolKernel : public Base {
     OP_REQUIRES_OK(c, c->GetAttr("group_height", &gh_));
     OP_REQUIRES_OK(c, c->GetAttr("group_width", &gw_));
     OP_REQUIRES_OK(c, c->GetAttr("spatial_scale", &spatial_scale_));
-    OP_REQUIRES_OK(c, DecodeRules(this->rules_, roicore_psroi_pool_rules_from_array,
+    OP_REQUIRES_OK(c, DecodeRules(this->rules_, roicore_ps_roi_pool_rules_from_array,
                                   &rules_c_));
   }
 
   int gh_ = 1, gw_ = 1;
   float spatial_scale_ = 1;
-  roicore_psroi_pool_rules rules_c_;
+  roicore_ps_roi_pool_rules rules_c_;
 };
 
 class PsroiPoolOp : public PsroiPoolKernel<RoiKernel> {
@@ -449,8 +466,8 @@ class PsroiPoolOp : public PsroiPoolKernel<RoiKernel> {
   void Compute(OpKernelContext* ctx) override {
     Forward(ctx, ph_, pw_, static_cast<int64_t>(gh_) * gw_,
             [&](auto x, auto boxes, auto out, auto exec, auto err) {
-              return roicore_psroi_pool_forward(&rules_c_, x, boxes, spatial_scale_, gh_, gw_,
-                                                out, exec, err);
+              return roicore_ps_roi_pool_forward(&rules_c_, x, boxes, spatial_scale_, gh_, gw_,
+                                                 out, exec, err);
             });
   }
 
@@ -464,8 +481,8 @@ class PsroiPoolGradOp : public PsroiPoolKernel<ImageGradKernel> {
 
   void Compute(OpKernelContext* ctx) override {
     Backward(ctx, [&](auto g, auto boxes, auto d, auto exec, auto err) {
-      return roicore_psroi_pool_backward(&rules_c_, g, boxes, spatial_scale_, gh_, gw_, d,
-                                         exec, err);
+      return roicore_ps_roi_pool_backward(&rules_c_, g, boxes, spatial_scale_, gh_, gw_, d,
+                                          exec, err);
     });
   }
 };

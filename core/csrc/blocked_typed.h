@@ -154,7 +154,7 @@ int ROICORE_CAT(roicore_blocked_forward, SFX)(const FWD_JOB *job, roicore_run *r
             }
             npend = 0;
             const int64_t base = b < 0 ? 0 : (b * C + c0) * HW;
-            T *data = (T *)out->data;
+            T *data = (T *)ROICORE_WRITABLE(out);
             if (!nhwc) {
                 T *dst = data + (k * C + c0) * P + p0;
                 if (stream) {
@@ -214,7 +214,7 @@ int ROICORE_CAT(roicore_blocked_backward, SFX)(const BWD_JOB *job, roicore_run *
     const roicore_tensor *g = job->grad_output, *dx = job->grad_input;
     const int64_t N = dx->n, C = dx->c, HW = dx->h * dx->w;
     const int64_t K = g->n, P = g->h * g->w;
-    T *dxdata = (T *)dx->data;
+    T *dxdata = (T *)ROICORE_WRITABLE(dx);
     const T *gdata = (const T *)g->data;
     if (K == 0 || C == 0) {
         memset(dxdata, 0, (size_t)roicore_tensor_bytes(dx));  /* nothing to add */

@@ -71,6 +71,27 @@ static inline int64_t roicore_round_up(int64_t n, int64_t m) { return (n + m - 1
 static inline size_t roicore_dtype_size(roicore_dtype d) { return d == ROICORE_FLOAT32 ? 4 : 8; }
 static inline size_t roicore_index_size(roicore_index_type t) { return t == ROICORE_INT32 ? 4 : 8; }
 
+/* ------------------------------------------------------------------------ outputs */
+
+/* The kernels take every array as a roicore_tensor, whose data is read-only; an output
+ * reaches them as a view of its roicore_out_tensor (roicore_out_view), and they write
+ * through ROICORE_WRITABLE only views made that way, whose memory the caller passed as
+ * writable. */
+#define ROICORE_WRITABLE(t) ((void *)(uintptr_t)(t)->data)
+
+/* `view` made a read-only tensor of `out` (NULL stays NULL). */
+static inline const roicore_tensor *roicore_out_view(const roicore_out_tensor *out,
+                                                     roicore_tensor *view) {
+    if (!out) return NULL;
+    memset(view, 0, sizeof *view);
+    view->data = out->data;
+    view->dtype = out->dtype;
+    view->layout = out->layout;
+    view->n = out->n, view->c = out->c, view->h = out->h, view->w = out->w;
+    memcpy(view->reserved, out->reserved, sizeof view->reserved);
+    return view;
+}
+
 /* Element strides of a tensor in its layout: element (n, c, h, w) is at
  * n*s.n + c*s.c + h*s.h + w*s.w. */
 typedef struct {
@@ -97,7 +118,7 @@ static inline roicore_strides roicore_strides_of(const roicore_tensor *t) {
 static inline void roicore_zero_channel(const roicore_tensor *t, int64_t c) {
     const size_t size = roicore_dtype_size(t->dtype), plane = (size_t)(t->h * t->w);
     for (int64_t n = 0; n < t->n; ++n) {
-        char *base = (char *)t->data + (size_t)(n * t->c) * plane * size;
+        char *base = (char *)ROICORE_WRITABLE(t) + (size_t)(n * t->c) * plane * size;
         if (t->layout == ROICORE_NCHW) {
             memset(base + (size_t)c * plane * size, 0, plane * size);
         } else {
@@ -110,7 +131,12 @@ static inline void roicore_zero_channel(const roicore_tensor *t, int64_t c) {
 /* ------------------------------------------------------------------------ errors */
 
 /* Fill `err` (if any) and return `code`. */
-int roicore_fail(roicore_error *err, int code, const char *fmt, ...) ROICORE_PRINTF(3, 4);
+roicore_status roicore_fail(roicore_error *err, int code, const char *fmt, ...)
+    ROICORE_PRINTF(3, 4);
+/* The same for a bad value at element `index` of the array the caller calls `argument`
+ * (both recorded in err, for a binding that words the message in its user's terms). */
+roicore_status roicore_fail_at(roicore_error *err, int code, const char *argument,
+                               int64_t index, const char *fmt, ...) ROICORE_PRINTF(5, 6);
 
 /* ------------------------------------------------------------------------ one call */
 
@@ -125,7 +151,9 @@ typedef struct {
     int64_t next_poll_ns;  /* the calling thread's: when to poll next */
 } roicore_run;
 
-/* Resolve the exec (NULL: defaults) into a run. */
+/* An exec's own consistency (NULL: the defaults): thread count, reserved fields. */
+int roicore_check_exec(const roicore_exec *exec, roicore_error *err);
+/* Resolve a checked exec (NULL: defaults) into a run. */
 void roicore_run_init(roicore_run *run, const roicore_exec *exec);
 
 /* Called between pieces of work by every thread: polls (calling thread, rate-limited) and

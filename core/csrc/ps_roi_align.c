@@ -21,42 +21,48 @@ static int check_args(const roicore_ps_roi_align_rules *rules, const roicore_ten
     return ROICORE_OK;
 }
 
-int roicore_ps_roi_align_forward(const roicore_ps_roi_align_rules *rules,
-                                 const roicore_tensor *x, const roicore_boxes *boxes,
-                                 double spatial_scale, int64_t sampling_ratio,
-                                 const roicore_tensor *out, const roicore_exec *exec,
-                                 roicore_error *err) {
+roicore_status roicore_ps_roi_align_forward(const roicore_ps_roi_align_rules *rules,
+                                            const roicore_tensor *x, const roicore_boxes *boxes,
+                                            double spatial_scale, int64_t sampling_ratio,
+                                            const roicore_out_tensor *out_t,
+                                            const roicore_exec *exec, roicore_error *err) {
+    roicore_tensor view;
+    const roicore_tensor *out = roicore_out_view(out_t, &view);
     int rc;
     double scale;
     if ((rc = roicore_check_ps_roi_align_rules(rules, err)) ||
-        (rc = roicore_check_forward(x, boxes, out ? out->c : 0, out, err)) ||
+        (rc = roicore_check_forward(exec, x, boxes, out ? out->c : 0, out, err)) ||
         (rc = check_args(rules, x, out, boxes, spatial_scale, sampling_ratio, &scale, err)))
-        return rc;
+        return (roicore_status)rc;
     if (boxes->k == 0 || out->c == 0) return ROICORE_OK;
     roicore_run run;
     roicore_run_init(&run, exec);
-    roicore_advise_output(out->data, roicore_tensor_bytes(out));
+    roicore_advise_output(ROICORE_WRITABLE(out), roicore_tensor_bytes(out));
     if (x->dtype == ROICORE_FLOAT32)
-        return ps_align_forward_f32(x, boxes, scale, sampling_ratio, out, &run, err);
-    return ps_align_forward_f64(x, boxes, scale, sampling_ratio, out, &run, err);
+        return (roicore_status)ps_align_forward_f32(x, boxes, scale, sampling_ratio, out, &run,
+                                                    err);
+    return (roicore_status)ps_align_forward_f64(x, boxes, scale, sampling_ratio, out, &run, err);
 }
 
-int roicore_ps_roi_align_backward(const roicore_ps_roi_align_rules *rules,
-                                  const roicore_tensor *grad_output, const roicore_boxes *boxes,
-                                  double spatial_scale, int64_t sampling_ratio,
-                                  const roicore_tensor *grad_input, const roicore_exec *exec,
-                                  roicore_error *err) {
-    const roicore_tensor *g = grad_output, *dx = grad_input;
+roicore_status roicore_ps_roi_align_backward(const roicore_ps_roi_align_rules *rules,
+                                             const roicore_tensor *grad_output,
+                                             const roicore_boxes *boxes, double spatial_scale,
+                                             int64_t sampling_ratio,
+                                             const roicore_out_tensor *grad_input,
+                                             const roicore_exec *exec, roicore_error *err) {
+    roicore_tensor view;
+    const roicore_tensor *g = grad_output, *dx = roicore_out_view(grad_input, &view);
     int rc;
     double scale;
     if ((rc = roicore_check_ps_roi_align_rules(rules, err)) ||
-        (rc = roicore_check_backward(dx, boxes, 1, g ? g->c : 0, g, err)) ||
+        (rc = roicore_check_backward(exec, dx, boxes, 1, g ? g->c : 0, g, err)) ||
         (rc = check_args(rules, dx, g, boxes, spatial_scale, sampling_ratio, &scale, err)))
-        return rc;
+        return (roicore_status)rc;
     roicore_run run;
     roicore_run_init(&run, exec);
-    roicore_advise_output(dx->data, roicore_tensor_bytes(dx));
+    roicore_advise_output(ROICORE_WRITABLE(dx), roicore_tensor_bytes(dx));
     if (dx->dtype == ROICORE_FLOAT32)
-        return ps_align_backward_f32(g, boxes, scale, sampling_ratio, dx, &run, err);
-    return ps_align_backward_f64(g, boxes, scale, sampling_ratio, dx, &run, err);
+        return (roicore_status)ps_align_backward_f32(g, boxes, scale, sampling_ratio, dx, &run,
+                                                     err);
+    return (roicore_status)ps_align_backward_f64(g, boxes, scale, sampling_ratio, dx, &run, err);
 }

@@ -147,7 +147,7 @@ static int TYPED(ps_align_forward)(const roicore_tensor *x, const roicore_boxes 
                                        err);
     if (rc) return rc;
     const T *xd = (const T *)x->data;
-    T *od = (T *)out->data;
+    T *od = (T *)ROICORE_WRITABLE(out);
 #pragma omp parallel for num_threads(run->n_threads) schedule(dynamic, 1)
     for (int64_t task = 0; task < K * PH; ++task) {
         if (roicore_stopping(run)) continue;
@@ -215,7 +215,7 @@ static int TYPED(ps_align_backward)(const roicore_tensor *g_out, const roicore_b
                                        err);
     if (rc) return rc;
     const T *gd = (const T *)g_out->data;
-    T *dxd = (T *)dx->data;
+    T *dxd = (T *)ROICORE_WRITABLE(dx);
     const int64_t CT = ROICORE_CHANNELS_PER_TASK;
 #pragma omp parallel for num_threads(run->n_threads) schedule(dynamic, 1)
     for (int64_t c0 = 0; c0 < C; c0 += CT) {

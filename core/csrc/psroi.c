@@ -31,12 +31,12 @@ static int nchw_planes(const roicore_tensor *t, const char *what, roicore_tensor
 }
 
 /* The plan for the rules' formula (torchvision's takes the pooled size as its group). */
-static int make_plan(const roicore_psroi_pool_rules *rules, int backward,
+static int make_plan(const roicore_ps_roi_pool_rules *rules, int backward,
                      const roicore_tensor *map, const roicore_tensor *pooled,
                      const roicore_boxes *boxes, int64_t GH, int64_t GW, plan_sizes *ps,
                      roicore_error *err) {
     const int64_t K = boxes->k, PH = pooled->h, PW = pooled->w, D = pooled->c;
-    const int torchvision = rules->formula == ROICORE_PSROI_FORMULA_TORCHVISION;
+    const int torchvision = rules->formula == ROICORE_PS_ROI_POOL_FORMULA_TORCHVISION;
     if (torchvision && (GH != PH || GW != PW))
         return roicore_fail(err, ROICORE_ERR_ARGUMENT,
                             "torchvision's PS-RoI formula takes the pooled size %lld x %lld as its "
@@ -60,30 +60,34 @@ static int make_plan(const roicore_psroi_pool_rules *rules, int backward,
     return ROICORE_OK;
 }
 
-int roicore_psroi_pool_forward(const roicore_psroi_pool_rules *rules, const roicore_tensor *x,
-                               const roicore_boxes *boxes, double spatial_scale,
-                               int64_t group_h, int64_t group_w, const roicore_tensor *out,
-                               const roicore_exec *exec, roicore_error *err) {
+roicore_status roicore_ps_roi_pool_forward(const roicore_ps_roi_pool_rules *rules,
+                                           const roicore_tensor *x, const roicore_boxes *boxes,
+                                           double spatial_scale, int64_t group_h,
+                                           int64_t group_w, const roicore_out_tensor *out_t,
+                                           const roicore_exec *exec, roicore_error *err) {
+    roicore_tensor view;
+    const roicore_tensor *out = roicore_out_view(out_t, &view);
     int rc;
     double scale;
-    if ((rc = roicore_check_psroi_pool_rules(rules, err)) ||
-        (rc = roicore_check_forward(x, boxes, out ? out->c : 0, out, err)) ||
+    if ((rc = roicore_check_ps_roi_pool_rules(rules, err)) ||
+        (rc = roicore_check_forward(exec, x, boxes, out ? out->c : 0, out, err)) ||
         (rc = roicore_held_scale(spatial_scale, rules->scale_precision, x->dtype, &scale, err)) ||
         (rc = roicore_check_coord_range(boxes, x->dtype, scale, scale, err)))
-        return rc;
+        return (roicore_status)rc;
     plan_sizes ps;
-    if ((rc = make_plan(rules, 0, x, out, boxes, group_h, group_w, &ps, err))) return rc;
+    if ((rc = make_plan(rules, 0, x, out, boxes, group_h, group_w, &ps, err)))
+        return (roicore_status)rc;
     if (boxes->k > 0 && out->c > 0) {
         roicore_run run;
         roicore_run_init(&run, exec);
-        roicore_advise_output(out->data, roicore_tensor_bytes(out));
+        roicore_advise_output(ROICORE_WRITABLE(out), roicore_tensor_bytes(out));
         roicore_tensor planes;  /* an NHWC map is pooled from an NCHW copy */
         if ((rc = nchw_planes(x, "the map's NCHW copy", &planes, err))) {
             roicore_scratch_free(ps.tables);
-            return rc;
+            return (roicore_status)rc;
         }
         const int copy = x->layout == ROICORE_NHWC;
-        if (copy) roicore_relayout(x, planes.data, run.n_threads);
+        if (copy) roicore_relayout(x, ROICORE_WRITABLE(&planes), run.n_threads);
         if (x->dtype == ROICORE_FLOAT32) {
             ps_plan_f32 c;
             init_plan_f32(&c, &ps, x, boxes->batch);
@@ -93,37 +97,41 @@ int roicore_psroi_pool_forward(const roicore_psroi_pool_rules *rules, const roic
             init_plan_f64(&c, &ps, x, boxes->batch);
             rc = psroi_forward_f64(&c, &planes, boxes, scale, out, &run, err);
         }
-        if (copy) roicore_scratch_free(planes.data);
+        if (copy) roicore_scratch_free(ROICORE_WRITABLE(&planes));
     }
     roicore_scratch_free(ps.tables);
-    return rc;
+    return (roicore_status)rc;
 }
 
-int roicore_psroi_pool_backward(const roicore_psroi_pool_rules *rules,
-                                const roicore_tensor *grad_output, const roicore_boxes *boxes,
-                                double spatial_scale, int64_t group_h, int64_t group_w,
-                                const roicore_tensor *grad_input, const roicore_exec *exec,
-                                roicore_error *err) {
-    const roicore_tensor *g = grad_output, *dx = grad_input;
+roicore_status roicore_ps_roi_pool_backward(const roicore_ps_roi_pool_rules *rules,
+                                            const roicore_tensor *grad_output,
+                                            const roicore_boxes *boxes, double spatial_scale,
+                                            int64_t group_h, int64_t group_w,
+                                            const roicore_out_tensor *grad_input,
+                                            const roicore_exec *exec, roicore_error *err) {
+    roicore_tensor view;
+    const roicore_tensor *g = grad_output, *dx = roicore_out_view(grad_input, &view);
     int rc;
     double scale;
-    if ((rc = roicore_check_psroi_pool_rules(rules, err)) ||
-        (rc = roicore_check_backward(dx, boxes, 1, g ? g->c : 0, g, err)) ||
+    if ((rc = roicore_check_ps_roi_pool_rules(rules, err)) ||
+        (rc = roicore_check_backward(exec, dx, boxes, 1, g ? g->c : 0, g, err)) ||
         (rc = roicore_held_scale(spatial_scale, rules->scale_precision, dx->dtype, &scale, err)) ||
         (rc = roicore_check_coord_range(boxes, dx->dtype, scale, scale, err)))
-        return rc;
+        return (roicore_status)rc;
     plan_sizes ps;
-    if ((rc = make_plan(rules, 1, dx, g, boxes, group_h, group_w, &ps, err))) return rc;
+    if ((rc = make_plan(rules, 1, dx, g, boxes, group_h, group_w, &ps, err)))
+        return (roicore_status)rc;
+    const int64_t dx_bytes = roicore_tensor_bytes(dx);
     if (boxes->k == 0 || g->c == 0) {
-        memset(dx->data, 0, (size_t)roicore_tensor_bytes(dx));  /* nothing to add */
+        if (dx_bytes > 0) memset(ROICORE_WRITABLE(dx), 0, (size_t)dx_bytes);  /* nothing to add */
     } else {
         roicore_run run;
         roicore_run_init(&run, exec);
-        roicore_advise_output(dx->data, roicore_tensor_bytes(dx));
+        roicore_advise_output(ROICORE_WRITABLE(dx), dx_bytes);
         roicore_tensor planes;  /* an NHWC gradient is added up in NCHW planes, then moved */
         if ((rc = nchw_planes(dx, "the gradient's NCHW planes", &planes, err))) {
             roicore_scratch_free(ps.tables);
-            return rc;
+            return (roicore_status)rc;
         }
         if (dx->dtype == ROICORE_FLOAT32) {
             ps_plan_f32 c;
@@ -135,10 +143,10 @@ int roicore_psroi_pool_backward(const roicore_psroi_pool_rules *rules,
             rc = psroi_backward_f64(&c, g, boxes, scale, &planes, &run, err);
         }
         if (dx->layout == ROICORE_NHWC) {
-            if (!rc) roicore_relayout(&planes, dx->data, run.n_threads);
-            roicore_scratch_free(planes.data);
+            if (!rc) roicore_relayout(&planes, ROICORE_WRITABLE(dx), run.n_threads);
+            roicore_scratch_free(ROICORE_WRITABLE(&planes));
         }
     }
     roicore_scratch_free(ps.tables);
-    return rc;
+    return (roicore_status)rc;
 }

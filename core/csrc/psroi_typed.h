@@ -336,7 +336,7 @@ static int TYPED(psroi_forward)(PLAN *c, const roicore_tensor *x, const roicore_
     int64_t *counters = (int64_t *)((char *)staged + KB * box_bytes);
     memset(counters, 0, (size_t)(n_counters * ROICORE_LINE));
 #define COUNTER(i) (counters + (i) * ROICORE_COUNTER_STRIDE)
-    T *data = (T *)out->data;
+    T *data = (T *)ROICORE_WRITABLE(out);
 #pragma omp parallel num_threads(nt)
     {
         T *mine = (T *)mem + omp_get_thread_num() * slab;
@@ -387,7 +387,7 @@ static int TYPED(psroi_backward)(PLAN *c, const roicore_tensor *g, const roicore
     memset(counters, 0, 4 * ROICORE_LINE);
     int64_t *next_box = counters, *done_box = counters + ROICORE_COUNTER_STRIDE;
     int64_t *next_g = counters + 2 * ROICORE_COUNTER_STRIDE, *left = counters + 3 * ROICORE_COUNTER_STRIDE;
-    T *dxd = (T *)dx->data;
+    T *dxd = (T *)ROICORE_WRITABLE(dx);
     const T *gd = (const T *)g->data;
 #pragma omp parallel num_threads(nt)
     {

@@ -16,45 +16,54 @@ static int check_align_args(int64_t sampling_ratio, int aligned, roicore_error *
     return ROICORE_OK;
 }
 
-int roicore_roi_align_forward(const roicore_roi_align_rules *rules, const roicore_tensor *x,
-                              const roicore_boxes *boxes, double spatial_scale,
-                              int64_t sampling_ratio, int aligned, const roicore_tensor *out,
-                              const roicore_exec *exec, roicore_error *err) {
+roicore_status roicore_roi_align_forward(const roicore_roi_align_rules *rules,
+                                         const roicore_tensor *x, const roicore_boxes *boxes,
+                                         double spatial_scale, int64_t sampling_ratio,
+                                         int aligned, const roicore_out_tensor *out_t,
+                                         const roicore_exec *exec, roicore_error *err) {
+    roicore_tensor view;
+    const roicore_tensor *out = roicore_out_view(out_t, &view);
     int rc;
     double scale;
     if ((rc = roicore_check_roi_align_rules(rules, err)) ||
-        (rc = roicore_check_forward(x, boxes, x ? x->c : 0, out, err)) ||
+        (rc = roicore_check_forward(exec, x, boxes, x ? x->c : 0, out, err)) ||
         (rc = check_align_args(sampling_ratio, aligned, err)) ||
         (rc = roicore_held_scale(spatial_scale, rules->scale_precision, x->dtype, &scale, err)) ||
         (rc = roicore_check_coord_range(boxes, x->dtype, scale, scale, err)))
-        return rc;
+        return (roicore_status)rc;
     if (boxes->k == 0 || x->c == 0) return ROICORE_OK;
     roicore_run run;
     roicore_run_init(&run, exec);
-    roicore_advise_output(out->data, roicore_tensor_bytes(out));
+    roicore_advise_output(ROICORE_WRITABLE(out), roicore_tensor_bytes(out));
     if (x->dtype == ROICORE_FLOAT32)
-        return align_run_f32(1, rules, x, out, boxes, scale, sampling_ratio, aligned, &run, err);
-    return align_run_f64(1, rules, x, out, boxes, scale, sampling_ratio, aligned, &run, err);
+        return (roicore_status)align_run_f32(1, rules, x, out, boxes, scale, sampling_ratio,
+                                             aligned, &run, err);
+    return (roicore_status)align_run_f64(1, rules, x, out, boxes, scale, sampling_ratio, aligned,
+                                         &run, err);
 }
 
-int roicore_roi_align_backward(const roicore_roi_align_rules *rules,
-                               const roicore_tensor *grad_output, const roicore_boxes *boxes,
-                               double spatial_scale, int64_t sampling_ratio, int aligned,
-                               const roicore_tensor *grad_input, const roicore_exec *exec,
-                               roicore_error *err) {
-    const roicore_tensor *g = grad_output, *dx = grad_input;
+roicore_status roicore_roi_align_backward(const roicore_roi_align_rules *rules,
+                                          const roicore_tensor *grad_output,
+                                          const roicore_boxes *boxes, double spatial_scale,
+                                          int64_t sampling_ratio, int aligned,
+                                          const roicore_out_tensor *grad_input,
+                                          const roicore_exec *exec, roicore_error *err) {
+    roicore_tensor view;
+    const roicore_tensor *g = grad_output, *dx = roicore_out_view(grad_input, &view);
     int rc;
     double scale;
     if ((rc = roicore_check_roi_align_rules(rules, err)) ||
-        (rc = roicore_check_backward(dx, boxes, 1, dx ? dx->c : 0, g, err)) ||
+        (rc = roicore_check_backward(exec, dx, boxes, 1, dx ? dx->c : 0, g, err)) ||
         (rc = check_align_args(sampling_ratio, aligned, err)) ||
         (rc = roicore_held_scale(spatial_scale, rules->scale_precision, dx->dtype, &scale, err)) ||
         (rc = roicore_check_coord_range(boxes, dx->dtype, scale, scale, err)))
-        return rc;
+        return (roicore_status)rc;
     roicore_run run;
     roicore_run_init(&run, exec);
-    roicore_advise_output(dx->data, roicore_tensor_bytes(dx));
+    roicore_advise_output(ROICORE_WRITABLE(dx), roicore_tensor_bytes(dx));
     if (dx->dtype == ROICORE_FLOAT32)
-        return align_run_f32(0, rules, dx, g, boxes, scale, sampling_ratio, aligned, &run, err);
-    return align_run_f64(0, rules, dx, g, boxes, scale, sampling_ratio, aligned, &run, err);
+        return (roicore_status)align_run_f32(0, rules, dx, g, boxes, scale, sampling_ratio,
+                                             aligned, &run, err);
+    return (roicore_status)align_run_f64(0, rules, dx, g, boxes, scale, sampling_ratio, aligned,
+                                         &run, err);
 }

@@ -162,7 +162,7 @@ static int TYPED(max_backward)(const roicore_tensor *g, const void *argmax,
         if (!scratch) return err ? err->code : ROICORE_ERR_MEMORY;
     }
     const T *gd = (const T *)g->data;
-    T *dd = nchw_dx ? (T *)dx->data : (T *)scratch;  /* NCHW planes */
+    T *dd = nchw_dx ? (T *)ROICORE_WRITABLE(dx) : (T *)scratch;  /* NCHW planes */
     int64_t n_bad = 0;
     int64_t next = 0;
 #pragma omp parallel num_threads(nt) reduction(+ : n_bad)
@@ -219,7 +219,7 @@ static int TYPED(max_backward)(const roicore_tensor *g, const void *argmax,
         roicore_tensor planes = *dx;
         planes.data = dd;
         planes.layout = ROICORE_NCHW;
-        roicore_relayout(&planes, dx->data, nt);
+        roicore_relayout(&planes, ROICORE_WRITABLE(dx), nt);
     }
     roicore_scratch_free(scratch);
     *n_bad_out = n_bad;

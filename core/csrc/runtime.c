@@ -13,18 +13,39 @@
 
 #include "common.h"
 
-int roicore_api_version(void) { return ROICORE_API_VERSION; }
+int roicore_abi_version(void) { return ROICORE_ABI_VERSION; }
+int roicore_version_number(void) { return ROICORE_VERSION_NUMBER; }
+const char *roicore_version_string(void) { return ROICORE_VERSION_STRING; }
 int roicore_openmp_enabled(void) { return ROICORE_HAVE_OPENMP; }
 
-int roicore_fail(roicore_error *err, int code, const char *fmt, ...) {
+static void fill(roicore_error *err, int code, const char *argument, int64_t index,
+                 const char *fmt, va_list ap) {
+    memset(err, 0, sizeof *err);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    snprintf(err->argument, sizeof err->argument, "%s", argument ? argument : "");
+    err->index = index;
+    err->code = (roicore_status)code;
+}
+
+roicore_status roicore_fail(roicore_error *err, int code, const char *fmt, ...) {
     if (err) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        fill(err, code, NULL, -1, fmt, ap);
         va_end(ap);
-        err->code = code;
     }
-    return code;
+    return (roicore_status)code;
+}
+
+roicore_status roicore_fail_at(roicore_error *err, int code, const char *argument,
+                               int64_t index, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        fill(err, code, argument, index, fmt, ap);
+        va_end(ap);
+    }
+    return (roicore_status)code;
 }
 
 /* ------------------------------------------------------------------------ threads */
@@ -113,6 +134,16 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+int roicore_check_exec(const roicore_exec *exec, roicore_error *err) {
+    if (!exec) return ROICORE_OK;
+    if (exec->reserved0 || exec->reserved[0] || exec->reserved[1] || exec->reserved[2] ||
+        exec->reserved[3])
+        return roicore_fail(err, ROICORE_ERR_ARGUMENT,
+                            "exec has nonzero reserved fields: zero-initialise roicore_exec and "
+                            "set only the fields you use");
+    return ROICORE_OK;
+}
+
 void roicore_run_init(roicore_run *run, const roicore_exec *exec) {
     run->n_threads = roicore_resolve_threads(exec ? exec->n_threads : 0);
     run->poll = exec ? exec->poll : NULL;
@@ -185,8 +216,10 @@ int64_t roicore_get_memory_limit(void) {
     return limit;
 }
 
-void roicore_set_memory_limit(int64_t bytes) {
-    __atomic_store_n(&memory_limit, bytes < 0 ? 0 : bytes, __ATOMIC_RELAXED);
+roicore_status roicore_set_memory_limit(int64_t bytes) {
+    if (bytes < 0) return ROICORE_ERR_ARGUMENT;
+    __atomic_store_n(&memory_limit, bytes, __ATOMIC_RELAXED);
+    return ROICORE_OK;
 }
 
 int64_t roicore_mul(int64_t a, int64_t b) {
@@ -368,11 +401,13 @@ int64_t roicore_get_scratch_keep_limit(void) {
     return limit;
 }
 
-void roicore_set_scratch_keep_limit(int64_t bytes) {
+roicore_status roicore_set_scratch_keep_limit(int64_t bytes) {
+    if (bytes < 0) return ROICORE_ERR_ARGUMENT;
     pthread_mutex_lock(&scratch_lock);
-    scratch_keep_limit = bytes < 0 ? 0 : bytes;
+    scratch_keep_limit = bytes;
     pthread_mutex_unlock(&scratch_lock);
-    release_down_to(bytes < 0 ? 0 : bytes);
+    release_down_to(bytes);
+    return ROICORE_OK;
 }
 
 int64_t roicore_release_scratch(void) { return release_down_to(0); }

@@ -1023,7 +1023,7 @@ def test_user_errors_are_the_raised_exception(what, mode):
 @pytest.mark.parametrize("call, error, message", [
     (lambda d, r: mxa.ROIPooling(d, r, (2, 0), 1.0), ValueError, "pooled_size must be >= 1"),
     (lambda d, r: mxa.ROIPooling(d, r, (2, 2, 2), 1.0), ValueError,
-     r"pooled_size must be \(h, w\)"),
+     r"pooled_size must be an int or a pair \(h, w\)"),
     (lambda d, r: mxa.ROIAlign(d, r, 2.5, 1.0), TypeError, "pooled_size must be an int"),
     (lambda d, r: mxa.ROIAlign(d, r, 2, 1.0, sample_ratio=1.5), TypeError, "sample_ratio"),
     (lambda d, r: mxa.PSROIPooling(d, r, 1.0, 0, 2), ValueError, "output_dim must be >= 1"),

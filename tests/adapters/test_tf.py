@@ -349,7 +349,7 @@ def test_box_indices_out_of_range(op, bad_index):
     graph, naming the argument, the box and the value."""
     x, boxes, idx = make_case(op)
     idx[3] = bad_index
-    message = rf"box_indices\[3\] = {bad_index} is outside \[0, "
+    message = rf"box_indices\[3\] = {bad_index} is out of range for a feature map with N="
     with pytest.raises(tf.errors.InvalidArgumentError, match=message):
         call_adapter(op, to_format(x, "NHWC"), boxes, idx)
     fn = tf.function(lambda: call_adapter(op, to_format(x, "NHWC"), boxes, idx))

@@ -200,7 +200,7 @@ def test_crop_size_is_crop_and_resizes_name_for_the_output_size():
     (dict(), TypeError, r"needs the output size: pass output_size \(or crop_size"),
     (dict(crop_size=3, method="max"), ValueError, "method='max' takes output_size"),
     (dict(crop_size=(3, 0)), ValueError, "crop_size must be >= 1"),
-    (dict(crop_size=(1, 2, 3)), TypeError, "crop_size must be an int or a pair"),
+    (dict(crop_size=(1, 2, 3)), ValueError, "crop_size must be an int or a pair"),
     (dict(crop_size=tf.constant([3.0, 2.0])), TypeError, "crop_size must be an int or a pair of "
                                                          "ints .*float32 tensor of shape"),
     (dict(crop_size=tf.constant([[3, 2]])), TypeError, r"shape \(1, 2\)"),

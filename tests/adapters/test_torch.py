@@ -462,7 +462,8 @@ def test_errors_name_the_argument(op):
         fn(x.long(), good.long(), 2)
     with pytest.raises(TypeError, match=rf"{op}: output_size must be an int or a pair"):
         fn(x, good, 2.0)
-    with pytest.raises(ValueError, match=r"boxes\[0, 0\] \(batch index\) must be an integer"):
+    with pytest.raises(ValueError, match=r"boxes\[:, 0\]\[0\] \(a batch index\) must be an "
+                                         r"integer"):
         fn(x, torch.tensor([[0.5, 0, 0, 4, 4]]), 2)
     with pytest.raises(ValueError, match=r"boxes\[:, 0\]\[0\] = 2 is out of range .* N=2"):
         fn(x, torch.tensor([[2.0, 0, 0, 4, 4]]), 2)

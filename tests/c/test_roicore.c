@@ -55,12 +55,26 @@ static void to_doubles(array a, double *out) {
     for (int64_t i = 0; i < a.n; ++i) out[i] = get(a, i);
 }
 static roicore_tensor tensor(array a, int64_t n, int64_t c, int64_t h, int64_t w) {
-    roicore_tensor t = {a.data, a.dtype, ROICORE_NCHW, n, c, h, w};
+    roicore_tensor t = {.data = a.data, .dtype = a.dtype, .layout = ROICORE_NCHW,
+                        .n = n, .c = c, .h = h, .w = w};
+    return t;
+}
+/* struct literals of an input and an output tensor, every other field zero */
+#define IN(data_, dt_, L_, n_, c_, h_, w_)                                                      \
+    ((roicore_tensor){.data = (data_), .dtype = (dt_), .layout = (L_), .n = (n_), .c = (c_),    \
+                      .h = (h_), .w = (w_)})
+#define OUT(data_, dt_, L_, n_, c_, h_, w_)                                                     \
+    ((roicore_out_tensor){.data = (data_), .dtype = (dt_), .layout = (L_), .n = (n_), .c = (c_), \
+                          .h = (h_), .w = (w_)})
+/* the same array as an output */
+static roicore_out_tensor out_tensor(array a, int64_t n, int64_t c, int64_t h, int64_t w) {
+    roicore_out_tensor t = {.data = a.data, .dtype = a.dtype, .layout = ROICORE_NCHW,
+                            .n = n, .c = c, .h = h, .w = w};
     return t;
 }
 /* k boxes from rows {x1, y1, x2, y2} and their images */
 static roicore_boxes boxes_of(array coords, const int64_t *batch, int64_t k) {
-    roicore_boxes b = {coords.data, batch, k, 0};
+    roicore_boxes b = {.coords = coords.data, .batch = batch, .k = k};
     return b;
 }
 static array coords_of(roicore_dtype dtype, const double *rows, int64_t k) {
@@ -74,39 +88,42 @@ static array arange(roicore_dtype dtype, int64_t n, double start, double step) {
     return a;
 }
 
-static const roicore_exec one_thread = {1, NULL, NULL};
-static const roicore_exec three_threads = {3, NULL, NULL};
+static const roicore_exec one_thread = {.n_threads = 1};
+static const roicore_exec three_threads = {.n_threads = 3};
 
 /* the conventions of roicore.core.conventions, by name */
-static const roicore_max_pool_rules MXNET_MAX = {
-    ROICORE_BIN_ARITHMETIC_INPUT, ROICORE_PRECISION_FLOAT32, ROICORE_INITIAL_NEG_FLT_MAX,
-    ROICORE_COMPARE_GREATER, ROICORE_ARGMAX_GLOBAL, ROICORE_INT32, ROICORE_PRECISION_INPUT};
-static const roicore_max_pool_rules PADDLE_MAX = {
-    ROICORE_BIN_ARITHMETIC_FLOAT32, ROICORE_PRECISION_FLOAT32, ROICORE_INITIAL_LOWEST,
-    ROICORE_COMPARE_GREATER, ROICORE_ARGMAX_PLANE, ROICORE_INT64, ROICORE_PRECISION_INPUT};
-static const roicore_max_pool_rules TORCHVISION_MAX = {
-    ROICORE_BIN_ARITHMETIC_INPUT, ROICORE_PRECISION_INPUT, ROICORE_INITIAL_NEG_FLT_MAX,
-    ROICORE_COMPARE_GREATER, ROICORE_ARGMAX_PLANE, ROICORE_INT32, ROICORE_PRECISION_INPUT};
-static const roicore_max_pool_rules OPENVINO_MAX = {
-    ROICORE_BIN_ARITHMETIC_INPUT, ROICORE_PRECISION_FLOAT32, ROICORE_INITIAL_LOWEST,
-    ROICORE_COMPARE_STD_MAX, ROICORE_ARGMAX_PLANE, ROICORE_INT32, ROICORE_PRECISION_INPUT};
-static const roicore_max_pool_rules OPENVINO_CPU_MAX = {
-    ROICORE_BIN_ARITHMETIC_EXACT, ROICORE_PRECISION_FLOAT32, ROICORE_INITIAL_FIRST,
-    ROICORE_COMPARE_GREATER, ROICORE_ARGMAX_PLANE, ROICORE_INT32, ROICORE_PRECISION_FLOAT64};
+#define MAX_RULES(bins, scale, initial_, compare_, argmax_, argmax_dtype_, product)          \
+    {.bin_arithmetic = ROICORE_BIN_ARITHMETIC_##bins, .scale_precision = ROICORE_PRECISION_##scale, \
+     .initial = ROICORE_INITIAL_##initial_, .compare = ROICORE_COMPARE_##compare_,           \
+     .argmax = ROICORE_ARGMAX_##argmax_, .argmax_dtype = ROICORE_##argmax_dtype_,            \
+     .scale_product = ROICORE_PRECISION_##product}
+static const roicore_max_pool_rules MXNET_MAX =
+    MAX_RULES(INPUT, FLOAT32, NEG_FLT_MAX, GREATER, GLOBAL, INT32, INPUT);
+static const roicore_max_pool_rules PADDLE_MAX =
+    MAX_RULES(FLOAT32, FLOAT32, LOWEST, GREATER, PLANE, INT64, INPUT);
+static const roicore_max_pool_rules TORCHVISION_MAX =
+    MAX_RULES(INPUT, INPUT, NEG_FLT_MAX, GREATER, PLANE, INT32, INPUT);
+static const roicore_max_pool_rules OPENVINO_MAX =
+    MAX_RULES(INPUT, FLOAT32, LOWEST, STD_MAX, PLANE, INT32, INPUT);
+static const roicore_max_pool_rules OPENVINO_CPU_MAX =
+    MAX_RULES(EXACT, FLOAT32, FIRST, GREATER, PLANE, INT32, FLOAT64);
 static const roicore_max_pool_rules *ALL_MAX[] = {&MXNET_MAX, &PADDLE_MAX, &TORCHVISION_MAX,
                                                   &OPENVINO_MAX, &OPENVINO_CPU_MAX};
 static const char *ALL_MAX_NAMES[] = {"mxnet", "paddle", "torchvision", "openvino", "openvino_cpu"};
-static const roicore_bilinear_pool_rules OPENVINO_BILINEAR = {1, 0};
-static const roicore_bilinear_pool_rules TF_BILINEAR = {0, 0};
-static const roicore_psroi_pool_rules MXNET_PSROI = {ROICORE_PRECISION_FLOAT32,
-                                                     ROICORE_PSROI_FORMULA_RFCN};
-static const roicore_psroi_pool_rules TORCHVISION_PSROI = {ROICORE_PRECISION_INPUT,
-                                                           ROICORE_PSROI_FORMULA_TORCHVISION};
-static const roicore_ps_roi_align_rules TORCHVISION_PS_ALIGN = {ROICORE_PRECISION_INPUT};
-static const roicore_roi_align_rules MXNET_ALIGN = {ROICORE_SAMPLER_CAFFE2, ROICORE_PRECISION_FLOAT32,
-                                                    ROICORE_EMPTY_GRID_ZERO, 0};
-static const roicore_roi_align_rules PADDLE_ALIGN = {ROICORE_SAMPLER_PADDLE, ROICORE_PRECISION_FLOAT32,
-                                                     ROICORE_EMPTY_GRID_NAN, 1};
+static const roicore_bilinear_pool_rules OPENVINO_BILINEAR = {.pin_last = 1};
+static const roicore_bilinear_pool_rules TF_BILINEAR = {.pin_last = 0};
+static const roicore_ps_roi_pool_rules MXNET_PSROI = {
+    .scale_precision = ROICORE_PRECISION_FLOAT32, .formula = ROICORE_PS_ROI_POOL_FORMULA_RFCN};
+static const roicore_ps_roi_pool_rules TORCHVISION_PSROI = {
+    .scale_precision = ROICORE_PRECISION_INPUT, .formula = ROICORE_PS_ROI_POOL_FORMULA_TORCHVISION};
+static const roicore_ps_roi_align_rules TORCHVISION_PS_ALIGN = {
+    .scale_precision = ROICORE_PRECISION_INPUT};
+static const roicore_roi_align_rules MXNET_ALIGN = {
+    .sampler = ROICORE_SAMPLER_CAFFE2, .scale_precision = ROICORE_PRECISION_FLOAT32,
+    .empty_grid = ROICORE_EMPTY_GRID_ZERO, .backward_min_size_always = 0};
+static const roicore_roi_align_rules PADDLE_ALIGN = {
+    .sampler = ROICORE_SAMPLER_PADDLE, .scale_precision = ROICORE_PRECISION_FLOAT32,
+    .empty_grid = ROICORE_EMPTY_GRID_NAN, .backward_min_size_always = 1};
 
 static const roicore_dtype DTYPES[] = {ROICORE_FLOAT32, ROICORE_FLOAT64};
 
@@ -124,7 +141,8 @@ static void mxnet_docstring(void) {
                 array x = arange(DTYPES[d], 48, 0, 1), c = coords_of(DTYPES[d], box, 1);
                 array out = new_array(DTYPES[d], 4);
                 int64_t argmax[4];
-                roicore_tensor tx = tensor(x, 1, 1, 8, 6), to = tensor(out, 1, 1, 2, 2);
+                roicore_tensor tx = tensor(x, 1, 1, 8, 6);
+                roicore_out_tensor to = out_tensor(out, 1, 1, 2, 2);
                 roicore_boxes b = boxes_of(c, batch, 1);
                 roicore_error err;
                 int rc = roicore_roi_pool_max_forward(ALL_MAX[r], &tx, &b, s ? 0.7 : 1.0, &to,
@@ -145,8 +163,9 @@ static void mxnet_backward_routing(void) {
     const int64_t batch[] = {0};
     array g = arange(ROICORE_FLOAT32, 4, 1, 1), dx = new_array(ROICORE_FLOAT32, 48);
     set(dx, 0, 99);  /* every element is written */
-    roicore_tensor tg = tensor(g, 1, 1, 2, 2), tdx = tensor(dx, 1, 1, 8, 6);
-    roicore_boxes b = {NULL, batch, 1, 0};
+    roicore_tensor tg = tensor(g, 1, 1, 2, 2);
+    roicore_out_tensor tdx = out_tensor(dx, 1, 1, 8, 6);
+    roicore_boxes b = {.batch = batch, .k = 1};
     roicore_error err;
     int rc = roicore_roi_pool_max_backward(&MXNET_MAX, &tg, argmax, ROICORE_INT32, &b, &tdx,
                                            &one_thread, &err);
@@ -167,7 +186,8 @@ static void paddle_and_deepsense(void) {
         array x = arange(ROICORE_FLOAT32, 16, 1, 1), c = coords_of(ROICORE_FLOAT32, boxes, 2);
         array out = new_array(ROICORE_FLOAT32, 2);
         int64_t argmax[2];
-        roicore_tensor tx = tensor(x, 1, 1, 4, 4), to = tensor(out, 2, 1, 1, 1);
+        roicore_tensor tx = tensor(x, 1, 1, 4, 4);
+        roicore_out_tensor to = out_tensor(out, 2, 1, 1, 1);
         roicore_boxes b = boxes_of(c, batch, 2);
         roicore_error err;
         CHECK(roicore_roi_pool_max_forward(ALL_MAX[r], &tx, &b, 1.0, &to, argmax, ROICORE_INT64,
@@ -183,7 +203,8 @@ static void paddle_and_deepsense(void) {
     static const double want_ds[] = {3, 4, 6, 3, 1, 7, 2, 8, 4, 4, 4, 7};
     array x = coords_of(ROICORE_FLOAT32, map, 4), c = coords_of(ROICORE_FLOAT32, rois, 3);
     array out = new_array(ROICORE_FLOAT32, 12);
-    roicore_tensor tx = tensor(x, 1, 1, 4, 4), to = tensor(out, 3, 1, 2, 2);
+    roicore_tensor tx = tensor(x, 1, 1, 4, 4);
+    roicore_out_tensor to = out_tensor(out, 3, 1, 2, 2);
     roicore_boxes b = boxes_of(c, batch, 3);
     roicore_error err;
     CHECK(roicore_roi_pool_max_forward(&MXNET_MAX, &tx, &b, 1.0, &to, NULL, ROICORE_INT32,
@@ -204,7 +225,8 @@ static void openvino_vectors(void) {
         array x = new_array(ROICORE_FLOAT32, 36), c = coords_of(ROICORE_FLOAT32, boxes, 3);
         for (int i = 0; i < 36; ++i) set(x, i, (float)(i / 10.0));
         array out = new_array(ROICORE_FLOAT32, 12);
-        roicore_tensor tx = tensor(x, 1, 1, 6, 6), to = tensor(out, 3, 1, 2, 2);
+        roicore_tensor tx = tensor(x, 1, 1, 6, 6);
+        roicore_out_tensor to = out_tensor(out, 3, 1, 2, 2);
         roicore_boxes b = boxes_of(c, batch, 3);
         roicore_error err;
         CHECK(roicore_roi_pool_max_forward(ALL_MAX[r], &tx, &b, 1.0, &to, NULL, ROICORE_INT32,
@@ -219,7 +241,8 @@ static void openvino_vectors(void) {
         array x = new_array(DTYPES[d], 36), c = coords_of(DTYPES[d], nbox, 1);
         for (int i = 0; i < 36; ++i) set(x, i, i / 10.0);
         array out = new_array(DTYPES[d], 1);
-        roicore_tensor tx = tensor(x, 1, 1, 6, 6), to = tensor(out, 1, 1, 1, 1);
+        roicore_tensor tx = tensor(x, 1, 1, 6, 6);
+        roicore_out_tensor to = out_tensor(out, 1, 1, 1, 1);
         roicore_boxes b = boxes_of(c, batch, 1);
         roicore_error err;
         CHECK(roicore_roi_pool_bilinear_forward(&OPENVINO_BILINEAR, &tx, &b, 0.0, &to, &one_thread,
@@ -244,7 +267,7 @@ static void tensorflow_crops(void) {
         roicore_error err;
         static const double quarter[] = {0.25, 0.25, 0.75, 0.75}, want_n[] = {4, 4, 5, 7, 7, 8};
         array c = coords_of(DTYPES[d], quarter, 1), out = new_array(DTYPES[d], 6);
-        roicore_tensor to = tensor(out, 1, 1, 2, 3);
+        roicore_out_tensor to = out_tensor(out, 1, 1, 2, 3);
         roicore_boxes b = boxes_of(c, batch, 1);
         CHECK(roicore_roi_pool_nearest_forward(&TF_BILINEAR, &tx, &b, 0.0, &to, &one_thread,
                                                &err) == ROICORE_OK, "%s", err.message);
@@ -255,7 +278,8 @@ static void tensorflow_crops(void) {
         static const double wide[] = {0, 0.25, 1, 0.75}, want_dx[] = {0, 0, 0, 1, 0, 2, 3, 0, 4};
         array wc = coords_of(DTYPES[d], wide, 1), g = arange(DTYPES[d], 4, 1, 1);
         array dx = new_array(DTYPES[d], 9);
-        roicore_tensor tg = tensor(g, 1, 1, 2, 2), tdx = tensor(dx, 1, 1, 3, 3);
+        roicore_tensor tg = tensor(g, 1, 1, 2, 2);
+        roicore_out_tensor tdx = out_tensor(dx, 1, 1, 3, 3);
         roicore_boxes wb = boxes_of(wc, batch, 1);
         CHECK(roicore_roi_pool_nearest_backward(&TF_BILINEAR, &tg, &wb, &tdx, &three_threads,
                                                 &err) == ROICORE_OK, "%s", err.message);
@@ -295,10 +319,11 @@ static void mxnet_psroi(void) {
     for (int d = 0; d < 2; ++d) {
         array x = arange(DTYPES[d], 288, 0, 1), c = coords_of(DTYPES[d], boxes, 2);
         array out = new_array(DTYPES[d], 16);
-        roicore_tensor tx = tensor(x, 1, 8, 6, 6), to = tensor(out, 2, 2, 2, 2);
+        roicore_tensor tx = tensor(x, 1, 8, 6, 6);
+        roicore_out_tensor to = out_tensor(out, 2, 2, 2, 2);
         roicore_boxes b = boxes_of(c, batch, 2);
         roicore_error err;
-        CHECK(roicore_psroi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 2, 2, &to, &one_thread,
+        CHECK(roicore_ps_roi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 2, 2, &to, &one_thread,
                                          &err) == ROICORE_OK, "%s", err.message);
         double got[16];
         to_doubles(out, got);
@@ -318,17 +343,19 @@ static void torchvision_ps(void) {
     for (int d = 0; d < 2; ++d) {
         array x = arange(DTYPES[d], 256, 0, 1), c = coords_of(DTYPES[d], boxes, 2);
         array out = new_array(DTYPES[d], 8);
-        roicore_tensor tx = tensor(x, 1, 4, 8, 8), to = tensor(out, 2, 1, 2, 2);
+        roicore_tensor tx = tensor(x, 1, 4, 8, 8);
+        roicore_out_tensor to = out_tensor(out, 2, 1, 2, 2);
         roicore_boxes b = boxes_of(c, batch, 2);
         roicore_error err;
-        CHECK(roicore_psroi_pool_forward(&TORCHVISION_PSROI, &tx, &b, 1.0, 2, 2, &to, &one_thread,
+        CHECK(roicore_ps_roi_pool_forward(&TORCHVISION_PSROI, &tx, &b, 1.0, 2, 2, &to, &one_thread,
                                          &err) == ROICORE_OK, "%s", err.message);
         double got[8];
         to_doubles(out, got);
         check_values("torchvision psroi", got, want, 8, 0);
         array lin = new_array(DTYPES[d], 64), ca = coords_of(DTYPES[d], align_box, 1);
         for (int i = 0; i < 64; ++i) set(lin, i, 100 * (i / 16) + i % 16);
-        roicore_tensor tl = tensor(lin, 1, 4, 4, 4), ta = tensor(out, 1, 1, 2, 2);
+        roicore_tensor tl = tensor(lin, 1, 4, 4, 4);
+        roicore_out_tensor ta = out_tensor(out, 1, 1, 2, 2);
         roicore_boxes ba = boxes_of(ca, batch, 1);
         CHECK(roicore_ps_roi_align_forward(&TORCHVISION_PS_ALIGN, &tl, &ba, 1.0, -1, &ta,
                                            &one_thread, &err) == ROICORE_OK, "%s", err.message);
@@ -349,7 +376,8 @@ static void roi_align_vectors(void) {
         for (int aligned = 0; aligned < 2; ++aligned) {
             array x = arange(DTYPES[d], 48, 0, 1), c = coords_of(DTYPES[d], boxes, 2);
             array out = new_array(DTYPES[d], 8);
-            roicore_tensor tx = tensor(x, 1, 1, 8, 6), to = tensor(out, 2, 1, 2, 2);
+            roicore_tensor tx = tensor(x, 1, 1, 8, 6);
+            roicore_out_tensor to = out_tensor(out, 2, 1, 2, 2);
             roicore_boxes b = boxes_of(c, batch, 2);
             roicore_error err;
             CHECK(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, aligned, &to,
@@ -363,7 +391,8 @@ static void roi_align_vectors(void) {
     static const double pboxes[] = {1, 1, 2, 2, 1.5, 1.5, 3, 3}, pwant[] = {6, 9.75};
     array x = arange(ROICORE_FLOAT32, 16, 1, 1), c = coords_of(ROICORE_FLOAT32, pboxes, 2);
     array out = new_array(ROICORE_FLOAT32, 2);
-    roicore_tensor tx = tensor(x, 1, 1, 4, 4), to = tensor(out, 2, 1, 1, 1);
+    roicore_tensor tx = tensor(x, 1, 1, 4, 4);
+    roicore_out_tensor to = out_tensor(out, 2, 1, 1, 1);
     roicore_boxes b = boxes_of(c, batch, 2);
     roicore_error err;
     CHECK(roicore_roi_align_forward(&PADDLE_ALIGN, &tx, &b, 1.0, -1, 1, &to, &one_thread, &err)
@@ -416,10 +445,11 @@ static void thread_invariance(void) {
                 out[t] = new_array(dt, K * C * P * P);
                 dx[t] = new_array(dt, N * C * H * W);
                 arg[t] = calloc(K * C * P * P, sizeof(int64_t));
-                roicore_tensor to = tensor(out[t], K, C, P, P), tdx = tensor(dx[t], N, C, H, W);
-                roicore_tensor tps = tensor(out[t], K, C / 2, 1, 1);  /* D = 35, group 1 x 2 */
+                roicore_out_tensor to = out_tensor(out[t], K, C, P, P);
+                roicore_out_tensor tdx = out_tensor(dx[t], N, C, H, W);
+                roicore_out_tensor tps = out_tensor(out[t], K, C / 2, 1, 1);  /* D = 35, group 1 x 2 */
                 roicore_tensor tgps = tensor(g, K, C / 2, 1, 1);
-                roicore_tensor ttv = tensor(out[t], K, C / 2, 1, 2);  /* D = 35, pooled 1 x 2 */
+                roicore_out_tensor ttv = out_tensor(out[t], K, C / 2, 1, 2);  /* D = 35, pooled 1 x 2 */
                 roicore_tensor tgtv = tensor(g, K, C / 2, 1, 2);
                 roicore_error err;
                 int rc = ROICORE_OK;
@@ -435,13 +465,13 @@ static void thread_invariance(void) {
                 case 3: rc = roicore_roi_pool_bilinear_backward(&TF_BILINEAR, &tg, &nb, &tdx, ex, &err); break;
                 case 4: rc = roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 0.9, -1, 0, &to, ex, &err); break;
                 case 5: rc = roicore_roi_align_backward(&MXNET_ALIGN, &tg, &b, 0.9, 2, 1, &tdx, ex, &err); break;
-                case 6: rc = roicore_psroi_pool_forward(&MXNET_PSROI, &tx, &b, 0.9, 1, 2, &tps, ex, &err); break;
-                case 7: rc = roicore_psroi_pool_backward(&MXNET_PSROI, &tgps, &b, 0.9, 1, 2, &tdx, ex, &err); break;
+                case 6: rc = roicore_ps_roi_pool_forward(&MXNET_PSROI, &tx, &b, 0.9, 1, 2, &tps, ex, &err); break;
+                case 7: rc = roicore_ps_roi_pool_backward(&MXNET_PSROI, &tgps, &b, 0.9, 1, 2, &tdx, ex, &err); break;
                 case 8: rc = roicore_roi_pool_nearest_forward(&TF_BILINEAR, &tx, &nb, 0.5, &to, ex, &err); break;
                 case 9: rc = roicore_roi_pool_nearest_backward(&TF_BILINEAR, &tg, &nb, &tdx, ex, &err); break;
                 case 10: rc = roicore_roi_pool_bilinear_boxes_backward(&TF_BILINEAR, &tg, &tx, &nb, out[t].data, ex, &err); break;
-                case 11: rc = roicore_psroi_pool_forward(&TORCHVISION_PSROI, &tx, &b, 0.9, 1, 2, &ttv, ex, &err); break;
-                case 12: rc = roicore_psroi_pool_backward(&TORCHVISION_PSROI, &tgtv, &b, 0.9, 1, 2, &tdx, ex, &err); break;
+                case 11: rc = roicore_ps_roi_pool_forward(&TORCHVISION_PSROI, &tx, &b, 0.9, 1, 2, &ttv, ex, &err); break;
+                case 12: rc = roicore_ps_roi_pool_backward(&TORCHVISION_PSROI, &tgtv, &b, 0.9, 1, 2, &tdx, ex, &err); break;
                 case 13: rc = roicore_ps_roi_align_forward(&TORCHVISION_PS_ALIGN, &tx, &b, 0.9, -1, &ttv, ex, &err); break;
                 case 14: rc = roicore_ps_roi_align_backward(&TORCHVISION_PS_ALIGN, &tgtv, &b, 0.9, 2, &tdx, ex, &err); break;
                 }
@@ -496,8 +526,8 @@ static void nhwc_layouts(int64_t C) {
         array xh = to_nhwc(x, N, C, H, W), gh = to_nhwc(g, K, C, P, P);
         array gtvh = to_nhwc(g, K, C / 2, 1, 2);  /* torchvision's PS operators: pooled 1 x 2 */
         roicore_tensor tx = tensor(x, N, C, H, W), tg = tensor(g, K, C, P, P);
-        roicore_tensor txh = {xh.data, dt, ROICORE_NHWC, N, C, H, W};
-        roicore_tensor tgh = {gh.data, dt, ROICORE_NHWC, K, C, P, P};
+        roicore_tensor txh = IN(xh.data, dt, ROICORE_NHWC, N, C, H, W);
+        roicore_tensor tgh = IN(gh.data, dt, ROICORE_NHWC, K, C, P, P);
         roicore_tensor tgps = tensor(gps, K, C / 2, 1, 1), tgpsh = tgps;
         tgpsh.layout = ROICORE_NHWC;  /* (K, 1, 1, D): the same memory in either layout */
         roicore_boxes b = boxes_of(c, batch, K), nb = boxes_of(nc, batch, K);
@@ -515,11 +545,11 @@ static void nhwc_layouts(int64_t C) {
             for (int layout = 0; layout < 2; ++layout) {
                 roicore_layout L = layout ? ROICORE_NHWC : ROICORE_NCHW;
                 const roicore_tensor *xin = layout ? &txh : &tx, *gin = layout ? &tgh : &tg;
-                roicore_tensor to = {out[layout].data, dt, L, K, C, P, P};
-                roicore_tensor tps = {out[layout].data, dt, L, K, C / 2, 1, 1};
-                roicore_tensor ttv = {out[layout].data, dt, L, K, C / 2, 1, 2};
-                roicore_tensor tgtv = {layout ? gtvh.data : g.data, dt, L, K, C / 2, 1, 2};
-                roicore_tensor tdx = {dx[layout].data, dt, L, N, C, H, W};
+                roicore_out_tensor to = OUT(out[layout].data, dt, L, K, C, P, P);
+                roicore_out_tensor tps = OUT(out[layout].data, dt, L, K, C / 2, 1, 1);
+                roicore_out_tensor ttv = OUT(out[layout].data, dt, L, K, C / 2, 1, 2);
+                roicore_tensor tgtv = IN(layout ? gtvh.data : g.data, dt, L, K, C / 2, 1, 2);
+                roicore_out_tensor tdx = OUT(dx[layout].data, dt, L, N, C, H, W);
                 const roicore_max_pool_rules *rules = d ? &PADDLE_MAX : &MXNET_MAX;
                 roicore_index_type at = d ? ROICORE_INT64 : ROICORE_INT32;
                 roicore_error err;
@@ -534,10 +564,10 @@ static void nhwc_layouts(int64_t C) {
                 case 3: rc = roicore_roi_pool_bilinear_backward(&TF_BILINEAR, gin, &nb, &tdx, &three_threads, &err); break;
                 case 4: rc = roicore_roi_align_forward(&PADDLE_ALIGN, xin, &b, 0.9, -1, 1, &to, &three_threads, &err); break;
                 case 5: rc = roicore_roi_align_backward(&MXNET_ALIGN, gin, &b, 0.9, 2, 0, &tdx, &three_threads, &err); break;
-                case 6: rc = roicore_psroi_pool_forward(&MXNET_PSROI, xin, &b, 0.9, 1, 2, &tps, &three_threads, &err); break;
-                case 7: rc = roicore_psroi_pool_backward(&MXNET_PSROI, layout ? &tgpsh : &tgps, &b, 0.9, 1, 2, &tdx, &three_threads, &err); break;
-                case 8: rc = roicore_psroi_pool_forward(&TORCHVISION_PSROI, xin, &b, 0.9, 1, 2, &ttv, &three_threads, &err); break;
-                case 9: rc = roicore_psroi_pool_backward(&TORCHVISION_PSROI, &tgtv, &b, 0.9, 1, 2, &tdx, &three_threads, &err); break;
+                case 6: rc = roicore_ps_roi_pool_forward(&MXNET_PSROI, xin, &b, 0.9, 1, 2, &tps, &three_threads, &err); break;
+                case 7: rc = roicore_ps_roi_pool_backward(&MXNET_PSROI, layout ? &tgpsh : &tgps, &b, 0.9, 1, 2, &tdx, &three_threads, &err); break;
+                case 8: rc = roicore_ps_roi_pool_forward(&TORCHVISION_PSROI, xin, &b, 0.9, 1, 2, &ttv, &three_threads, &err); break;
+                case 9: rc = roicore_ps_roi_pool_backward(&TORCHVISION_PSROI, &tgtv, &b, 0.9, 1, 2, &tdx, &three_threads, &err); break;
                 case 10: rc = roicore_ps_roi_align_forward(&TORCHVISION_PS_ALIGN, xin, &b, 0.9, -1, &ttv, &three_threads, &err); break;
                 case 11: rc = roicore_ps_roi_align_backward(&TORCHVISION_PS_ALIGN, &tgtv, &b, 0.9, 2, &tdx, &three_threads, &err); break;
                 }
@@ -589,13 +619,13 @@ static void nhwc_psroi_cells(void) {
     array dx[2] = {new_array(ROICORE_FLOAT32, x.n), new_array(ROICORE_FLOAT32, x.n)};
     for (int layout = 0; layout < 2; ++layout) {
         roicore_layout L = layout ? ROICORE_NHWC : ROICORE_NCHW;
-        roicore_tensor tx = {layout ? xh.data : x.data, ROICORE_FLOAT32, L, N, C, H, W};
-        roicore_tensor tg = {layout ? gh.data : g.data, ROICORE_FLOAT32, L, K, D, G, G};
-        roicore_tensor to = {out[layout].data, ROICORE_FLOAT32, L, K, D, G, G};
-        roicore_tensor tdx = {dx[layout].data, ROICORE_FLOAT32, L, N, C, H, W};
+        roicore_tensor tx = IN(layout ? xh.data : x.data, ROICORE_FLOAT32, L, N, C, H, W);
+        roicore_tensor tg = IN(layout ? gh.data : g.data, ROICORE_FLOAT32, L, K, D, G, G);
+        roicore_out_tensor to = OUT(out[layout].data, ROICORE_FLOAT32, L, K, D, G, G);
+        roicore_out_tensor tdx = OUT(dx[layout].data, ROICORE_FLOAT32, L, N, C, H, W);
         roicore_error err;
-        CHECK(roicore_psroi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, G, G, &to, &three_threads, &err) == ROICORE_OK, "%s", err.message);
-        CHECK(roicore_psroi_pool_backward(&MXNET_PSROI, &tg, &b, 1.0, G, G, &tdx, &three_threads, &err) == ROICORE_OK, "%s", err.message);
+        CHECK(roicore_ps_roi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, G, G, &to, &three_threads, &err) == ROICORE_OK, "%s", err.message);
+        CHECK(roicore_ps_roi_pool_backward(&MXNET_PSROI, &tg, &b, 1.0, G, G, &tdx, &three_threads, &err) == ROICORE_OK, "%s", err.message);
     }
     array want_out = to_nhwc(out[0], K, D, G, G), want_dx = to_nhwc(dx[0], N, C, H, W);
     CHECK(memcmp(want_out.data, out[1].data, (size_t)out[1].n * 4) == 0, "psroi cells forward: NHWC differs");
@@ -605,6 +635,15 @@ static void nhwc_psroi_cells(void) {
 }
 
 /* ------------------------------------------------------------------------ bad input */
+
+/* `call` (filling a local `err`) returns `want`, and err holds that code and a message */
+#define EXPECT(call, want)                                                                      \
+    do {                                                                                        \
+        memset(&err, 0, sizeof err);                                                            \
+        int rc_ = (call);                                                                       \
+        CHECK(rc_ == (want) && err.code == (want) && err.message[0], "%s: got %d (%s), want %d", \
+              #call, rc_, err.message, (want));                                                 \
+    } while (0)
 
 static int stop_now(void *arg) {
     ++*(int *)arg;
@@ -616,16 +655,10 @@ static void bad_input(void) {
     static const double rows[] = {0, 0, 5, 5, 1, 1, 7, 6};
     array c = coords_of(ROICORE_FLOAT32, rows, 2);
     int64_t batch[] = {0, 1}, arg[24];
-    roicore_tensor tx = tensor(x, 2, 3, 8, 8), to = tensor(out, 2, 3, 2, 2);
+    roicore_tensor tx = tensor(x, 2, 3, 8, 8);
+    roicore_out_tensor to = out_tensor(out, 2, 3, 2, 2);
     roicore_boxes b = boxes_of(c, batch, 2);
     roicore_error err;
-#define EXPECT(call, want)                                                                      \
-    do {                                                                                        \
-        memset(&err, 0, sizeof err);                                                            \
-        int rc_ = (call);                                                                       \
-        CHECK(rc_ == (want) && err.code == (want) && err.message[0], "%s: got %d (%s), want %d", \
-              #call, rc_, err.message, (want));                                                 \
-    } while (0)
     /* batch indices */
     batch[1] = 2;
     EXPECT(roicore_roi_pool_max_forward(&MXNET_MAX, &tx, &b, 1.0, &to, NULL, ROICORE_INT32, NULL, &err), ROICORE_ERR_VALUE);
@@ -643,7 +676,7 @@ static void bad_input(void) {
     set(c, 2, NAN);
     EXPECT(roicore_roi_pool_max_forward(&MXNET_MAX, &tx, &b, 1.0, &to, NULL, ROICORE_INT32, NULL, &err), ROICORE_ERR_VALUE);
     set(c, 2, 1e30);
-    EXPECT(roicore_psroi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 1, 3, &(roicore_tensor){out.data, ROICORE_FLOAT32, ROICORE_NCHW, 2, 1, 2, 2}, NULL, &err), ROICORE_ERR_VALUE);
+    EXPECT(roicore_ps_roi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 1, 3, &OUT(out.data, ROICORE_FLOAT32, ROICORE_NCHW, 2, 1, 2, 2), NULL, &err), ROICORE_ERR_VALUE);
     set(c, 2, 5);
     /* a bilinear box on a 1 x 1 map: the range check scales by max(size - 1, 1) */
     array one = arange(ROICORE_FLOAT32, 2 * 3, 0, 1);
@@ -652,9 +685,9 @@ static void bad_input(void) {
     EXPECT(roicore_roi_pool_bilinear_forward(&TF_BILINEAR, &t1, &b, 0.0, &to, NULL, &err), ROICORE_ERR_VALUE);
     set(c, 0, 0);
     /* shapes, sizes, pointers, alignment */
-    roicore_tensor wrong = tensor(out, 2, 2, 2, 2);  /* C = 2, x has 3 */
+    roicore_out_tensor wrong = out_tensor(out, 2, 2, 2, 2);  /* C = 2, x has 3 */
     EXPECT(roicore_roi_pool_max_forward(&MXNET_MAX, &tx, &b, 1.0, &wrong, NULL, ROICORE_INT32, NULL, &err), ROICORE_ERR_ARGUMENT);
-    wrong = tensor(out, 3, 3, 2, 1);  /* K = 3 for 2 boxes */
+    wrong = out_tensor(out, 3, 3, 2, 1);  /* K = 3 for 2 boxes */
     EXPECT(roicore_roi_pool_max_forward(&MXNET_MAX, &tx, &b, 1.0, &wrong, NULL, ROICORE_INT32, NULL, &err), ROICORE_ERR_ARGUMENT);
     roicore_tensor huge = tensor(x, (int64_t)1 << 40, (int64_t)1 << 40, 8, 8);
     EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &huge, &b, 1.0, 2, 0, &to, NULL, &err), ROICORE_ERR_ARGUMENT);
@@ -664,11 +697,11 @@ static void bad_input(void) {
     roicore_tensor odd = tensor(x, 2, 3, 8, 7);
     odd.data = (char *)x.data + 1;
     EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &odd, &b, 1.0, 2, 0, &to, NULL, &err), ROICORE_ERR_ARGUMENT);
-    roicore_tensor overlap = tensor(x, 2, 3, 2, 2);
+    roicore_out_tensor overlap = out_tensor(x, 2, 3, 2, 2);
     EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, 0, &overlap, NULL, &err), ROICORE_ERR_ARGUMENT);
-    roicore_tensor over_boxes = {c.data, ROICORE_FLOAT32, ROICORE_NCHW, 2, 1, 2, 1};
+    roicore_out_tensor over_boxes = OUT(c.data, ROICORE_FLOAT32, ROICORE_NCHW, 2, 1, 2, 1);
     EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, 0, &over_boxes, NULL, &err), ROICORE_ERR_ARGUMENT);
-    EXPECT(roicore_psroi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 2, 2, &to, NULL, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_ps_roi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 2, 2, &to, NULL, &err), ROICORE_ERR_ARGUMENT);
     /* scalars and rules */
     EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 0.0, 2, 0, &to, NULL, &err), ROICORE_ERR_ARGUMENT);
     EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, NAN, 2, 0, &to, NULL, &err), ROICORE_ERR_ARGUMENT);
@@ -680,9 +713,9 @@ static void bad_input(void) {
     set(c, 2, 5);
     set(c, 3, 5);
     /* torchvision's PS operators: the group is the pooled size, C = D * PH * PW, the grid */
-    roicore_tensor tv_out = tensor(out, 2, 3, 1, 1);
-    EXPECT(roicore_psroi_pool_forward(&TORCHVISION_PSROI, &tx, &b, 1.0, 1, 2, &tv_out, NULL, &err), ROICORE_ERR_ARGUMENT);
-    roicore_tensor ps_wrong = tensor(out, 2, 2, 1, 1);  /* 2 * 1 * 1 channels, x has 3 */
+    roicore_out_tensor tv_out = out_tensor(out, 2, 3, 1, 1);
+    EXPECT(roicore_ps_roi_pool_forward(&TORCHVISION_PSROI, &tx, &b, 1.0, 1, 2, &tv_out, NULL, &err), ROICORE_ERR_ARGUMENT);
+    roicore_out_tensor ps_wrong = out_tensor(out, 2, 2, 1, 1);  /* 2 * 1 * 1 channels, x has 3 */
     EXPECT(roicore_ps_roi_align_forward(&TORCHVISION_PS_ALIGN, &tx, &b, 1.0, -1, &ps_wrong, NULL, &err), ROICORE_ERR_ARGUMENT);
     EXPECT(roicore_ps_roi_align_forward(&TORCHVISION_PS_ALIGN, &tx, &b, 1.0, 5000, &tv_out, NULL, &err), ROICORE_ERR_ARGUMENT);
     batch[1] = 2;
@@ -697,20 +730,20 @@ static void bad_input(void) {
     batch[1] = -1;
     b.masked = 1;
     set(c, 6, 1e30);
-    CHECK(roicore_psroi_pool_forward(&TORCHVISION_PSROI, &tx, &b, 1.0, 1, 1, &tv_out, NULL, &err) == ROICORE_OK, "%s", err.message);
+    CHECK(roicore_ps_roi_pool_forward(&TORCHVISION_PSROI, &tx, &b, 1.0, 1, 1, &tv_out, NULL, &err) == ROICORE_OK, "%s", err.message);
     CHECK(roicore_ps_roi_align_forward(&TORCHVISION_PS_ALIGN, &tx, &b, 1.0, -1, &tv_out, NULL, &err) == ROICORE_OK, "%s", err.message);
     for (int i = 3; i < 6; ++i) CHECK(get(out, i) == 0, "masked box output[%d] = %g", i, get(out, i));
     set(c, 6, 7);
     b.masked = 0;
     batch[1] = 1;
-    roicore_psroi_pool_rules bogus_ps = TORCHVISION_PSROI;
-    bogus_ps.formula = (roicore_psroi_formula)2;
-    EXPECT(roicore_psroi_pool_forward(&bogus_ps, &tx, &b, 1.0, 1, 1, &tv_out, NULL, &err), ROICORE_ERR_ARGUMENT);
-    roicore_ps_roi_align_rules bogus_align = {(roicore_precision)2};
+    roicore_ps_roi_pool_rules bogus_ps = TORCHVISION_PSROI;
+    bogus_ps.formula = (roicore_ps_roi_pool_formula)2;
+    EXPECT(roicore_ps_roi_pool_forward(&bogus_ps, &tx, &b, 1.0, 1, 1, &tv_out, NULL, &err), ROICORE_ERR_ARGUMENT);
+    roicore_ps_roi_align_rules bogus_align = {.scale_precision = (roicore_precision)2};
     EXPECT(roicore_ps_roi_align_forward(&bogus_align, &tx, &b, 1.0, -1, &tv_out, NULL, &err), ROICORE_ERR_ARGUMENT);
     const int64_t ps_fields[] = {1, 2};
-    roicore_psroi_pool_rules ps_from;
-    EXPECT(roicore_psroi_pool_rules_from_array(ps_fields, 2, &ps_from, &err), ROICORE_ERR_ARGUMENT);
+    roicore_ps_roi_pool_rules ps_from;
+    EXPECT(roicore_ps_roi_pool_rules_from_array(ps_fields, 2, &ps_from, &err), ROICORE_ERR_ARGUMENT);
     roicore_ps_roi_align_rules align_from;
     EXPECT(roicore_ps_roi_align_rules_from_array(ps_fields, 2, &align_from, &err), ROICORE_ERR_ARGUMENT);
     roicore_max_pool_rules bogus = MXNET_MAX;
@@ -719,10 +752,10 @@ static void bad_input(void) {
     const int64_t fields[] = {0, 1, 0, 0, 1, 0, (int64_t)1 << 40};
     roicore_max_pool_rules from;
     EXPECT(roicore_max_pool_rules_from_array(fields, 7, &from, &err), ROICORE_ERR_ARGUMENT);
-    EXPECT(roicore_max_pool_rules_from_array(fields, 6, &from, &err), ROICORE_ERR_ARGUMENT);
     /* an argmax that points outside its own plane is refused, not followed */
     array g = arange(ROICORE_FLOAT32, 24, 1, 0), dx = new_array(ROICORE_FLOAT32, 2 * 3 * 64);
-    roicore_tensor tg = tensor(g, 2, 3, 2, 2), tdx = tensor(dx, 2, 3, 8, 8);
+    roicore_tensor tg = tensor(g, 2, 3, 2, 2);
+    roicore_out_tensor tdx = out_tensor(dx, 2, 3, 8, 8);
     int32_t forged[24];
     for (int i = 0; i < 24; ++i) forged[i] = -1;
     forged[5] = 64;
@@ -732,11 +765,11 @@ static void bad_input(void) {
     /* batch index conversions */
     const float column[] = {0, 9, 9, 9, 9, 1.5f, 9, 9, 9, 9};
     int64_t out_batch[2];
-    EXPECT(roicore_batch_from_column(column, ROICORE_FLOAT32, 5, 2, 2, 0, out_batch, &err), ROICORE_ERR_VALUE);
+    EXPECT(roicore_batch_from_column(column, ROICORE_FLOAT32, 5, 2, 2, 0, "rois[:, 0]", out_batch, &err), ROICORE_ERR_VALUE);
     const int32_t counts[] = {1, 2};
-    EXPECT(roicore_batch_from_counts(counts, ROICORE_INT32, 2, 2, out_batch, &err), ROICORE_ERR_VALUE);
+    EXPECT(roicore_batch_from_counts(counts, ROICORE_INT32, 2, 2, "boxes_num", out_batch, &err), ROICORE_ERR_VALUE);
     const int32_t indices[] = {0, 3};
-    EXPECT(roicore_batch_from_indices(indices, ROICORE_INT32, 2, 2, out_batch, &err), ROICORE_ERR_VALUE);
+    EXPECT(roicore_batch_from_indices(indices, ROICORE_INT32, 2, 2, 0, "box_indices", out_batch, &err), ROICORE_ERR_VALUE);
     /* the box gradient: TensorFlow's rules only, an output, apart from the inputs */
     array gb = new_array(ROICORE_FLOAT32, 8), nrm = coords_of(ROICORE_FLOAT32, (const double[]){0.1, 0.1, 0.6, 0.7, 0.2, 0.3, 0.9, 0.8}, 2);
     roicore_boxes nbx = boxes_of(nrm, batch, 2);
@@ -764,18 +797,118 @@ static void bad_input(void) {
     EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, 0, &to, NULL, &err), ROICORE_ERR_MEMORY);
     roicore_set_memory_limit(limit);
     int polls = 0;
-    roicore_exec stopping = {1, stop_now, &polls};
+    roicore_exec stopping = {.n_threads = 1, .poll = stop_now, .poll_arg = &polls};
     /* a call long enough to be polled */
     array big = new_array(ROICORE_FLOAT32, 64 * 256 * 256), bout = new_array(ROICORE_FLOAT32, 64 * 32 * 32);
     static const double whole[] = {0, 0, 255, 255};
     array bc = coords_of(ROICORE_FLOAT32, whole, 1);
     int64_t b0[] = {0};
-    roicore_tensor tbig = tensor(big, 1, 64, 256, 256), tbout = tensor(bout, 1, 64, 32, 32);
+    roicore_tensor tbig = tensor(big, 1, 64, 256, 256);
+    roicore_out_tensor tbout = out_tensor(bout, 1, 64, 32, 32);
     roicore_boxes bb = boxes_of(bc, b0, 1);
     EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tbig, &bb, 1.0, 1024, 0, &tbout, &stopping, &err), ROICORE_ERR_INTERRUPTED);
     CHECK(polls >= 1, "the poll callback was not called");
     free(big.data); free(bout.data); free(bc.data);
     free(x.data); free(out.data); free(c.data); free(one.data); free(g.data); free(dx.data);
+}
+
+/* Rules arrays from older and newer versions, reserved fields, and the public functions'
+ * own promises about their pointers and codes. */
+static void contract(void) {
+    roicore_error err;
+    /* an array that ends before the fields with defaults gets the defaults */
+    const int64_t max_fields[] = {1, 1, 1, 0, 0, 1, 2, 0};
+    roicore_max_pool_rules mp;
+    memset(&mp, 0x5a, sizeof mp);
+    CHECK(roicore_max_pool_rules_from_array(max_fields, 6, &mp, &err) == ROICORE_OK &&
+              mp.scale_product == ROICORE_PRECISION_INPUT && mp.argmax_dtype == ROICORE_INT64 &&
+              mp.reserved[8] == 0,
+          "a 6-field MaxPoolRules array: %s", err.message);
+    CHECK(roicore_max_pool_rules_from_array(max_fields, 7, &mp, &err) == ROICORE_OK &&
+              mp.scale_product == ROICORE_PRECISION_FLOAT64, "%s", err.message);
+    roicore_bilinear_pool_rules bp;
+    CHECK(roicore_bilinear_pool_rules_from_array(max_fields, 1, &bp, &err) == ROICORE_OK &&
+              bp.pin_last == 1 && bp.fused_lerp == 0, "%s", err.message);
+    roicore_ps_roi_pool_rules pp;
+    CHECK(roicore_ps_roi_pool_rules_from_array(max_fields, 1, &pp, &err) == ROICORE_OK &&
+              pp.formula == ROICORE_PS_ROI_POOL_FORMULA_RFCN, "%s", err.message);
+    /* too few fields, or more than this version knows (a newer roicore's saved graph) */
+    EXPECT(roicore_max_pool_rules_from_array(max_fields, 5, &mp, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_max_pool_rules_from_array(max_fields, 8, &mp, &err), ROICORE_ERR_ARGUMENT);
+    CHECK(strstr(err.message, "newer roicore") != NULL, "%s", err.message);
+    roicore_roi_align_rules ar;
+    EXPECT(roicore_roi_align_rules_from_array(max_fields, 3, &ar, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_roi_align_rules_from_array(max_fields, 5, &ar, &err), ROICORE_ERR_ARGUMENT);
+    /* NULL arrays and outputs, out-of-range codes */
+    EXPECT(roicore_max_pool_rules_from_array(NULL, 7, &mp, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_max_pool_rules_from_array(max_fields, 7, NULL, &err), ROICORE_ERR_ARGUMENT);
+    const int64_t scale_product_1[] = {0, 0, 0, 0, 0, 0, 1};
+    EXPECT(roicore_max_pool_rules_from_array(scale_product_1, 7, &mp, &err), ROICORE_ERR_ARGUMENT);
+    roicore_index_type type;
+    EXPECT(roicore_max_pool_argmax_type(NULL, NULL, &type, &err), ROICORE_ERR_ARGUMENT);
+    array x = arange(ROICORE_FLOAT32, 64, 0, 1), out = new_array(ROICORE_FLOAT32, 4);
+    roicore_tensor tx = tensor(x, 1, 1, 8, 8);
+    EXPECT(roicore_max_pool_argmax_type(&MXNET_MAX, &tx, NULL, &err), ROICORE_ERR_ARGUMENT);
+    CHECK(roicore_max_pool_argmax_type(&MXNET_MAX, &tx, &type, &err) == ROICORE_OK &&
+              type == ROICORE_INT32, "%s", err.message);
+    /* nonzero reserved fields are refused everywhere */
+    static const double rows[] = {0, 0, 5, 5};
+    array c = coords_of(ROICORE_FLOAT32, rows, 1);
+    const int64_t batch[] = {0};
+    roicore_boxes b = boxes_of(c, batch, 1);
+    roicore_out_tensor to = out_tensor(out, 1, 1, 2, 2);
+    CHECK(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, 0, &to, &one_thread, &err) ==
+              ROICORE_OK, "%s", err.message);
+    tx.reserved[3] = 1;
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, 0, &to, &one_thread, &err), ROICORE_ERR_ARGUMENT);
+    tx.reserved[3] = 0;
+    to.reserved[0] = 1;
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, 0, &to, &one_thread, &err), ROICORE_ERR_ARGUMENT);
+    to.reserved[0] = 0;
+    b.reserved[2] = 1;
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, 0, &to, &one_thread, &err), ROICORE_ERR_ARGUMENT);
+    b.reserved[2] = 0;
+    b.masked = 2;
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, 0, &to, &one_thread, &err), ROICORE_ERR_ARGUMENT);
+    b.masked = 0;
+    roicore_exec ex = {.n_threads = 1};
+    ex.reserved[1] = &ex;
+    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, 0, &to, &ex, &err), ROICORE_ERR_ARGUMENT);
+    roicore_roi_align_rules reserved_rules = MXNET_ALIGN;
+    reserved_rules.reserved[11] = 1;
+    EXPECT(roicore_roi_align_forward(&reserved_rules, &tx, &b, 1.0, 2, 0, &to, &one_thread, &err), ROICORE_ERR_ARGUMENT);
+    /* converters: codes, counts and strides that would overflow */
+    int64_t out_batch[2];
+    const float column[] = {0, 1};
+    EXPECT(roicore_batch_from_column(column, (roicore_dtype)5, 1, 2, 2, 0, "rois", out_batch, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_batch_from_column(column, ROICORE_FLOAT32, INT64_MAX, 2, 2, 0, "rois", out_batch, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_batch_from_column(column, ROICORE_FLOAT32, INT64_MIN, 2, 2, 0, "rois", out_batch, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_batch_from_indices(column, (roicore_index_type)7, 2, 2, 0, "idx", out_batch, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_check_coords(c.data, (roicore_dtype)9, 1, 0, 0, "boxes", &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_check_coords(c.data, ROICORE_FLOAT32, -1, 0, 0, "boxes", &err), ROICORE_ERR_ARGUMENT);
+    float dst[4];
+    EXPECT(roicore_convert_coords(c.data, ROICORE_FLOAT32, 4, INT64_MAX - 1, 0, 1, dst, ROICORE_FLOAT32, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_convert_coords(c.data, ROICORE_FLOAT32, INT64_MAX, 0, 0, 2, dst, ROICORE_FLOAT32, &err), ROICORE_ERR_ARGUMENT);
+    /* an error names the argument and the element it found at fault */
+    const int32_t counts[] = {1, -2};
+    EXPECT(roicore_batch_from_counts(counts, ROICORE_INT32, 2, 1, "lod", out_batch, &err), ROICORE_ERR_VALUE);
+    CHECK(strcmp(err.argument, "lod") == 0 && err.index == 1 && strstr(err.message, "lod[1] = -2"),
+          "argument '%s' index %lld: %s", err.argument, (long long)err.index, err.message);
+    const float wrong_column[] = {0, 9, 9, 9, 9, 3, 9, 9, 9, 9};
+    EXPECT(roicore_batch_from_column(wrong_column, ROICORE_FLOAT32, 5, 2, 2, 0, "rois[:, 0]", out_batch, &err), ROICORE_ERR_VALUE);
+    CHECK(strcmp(err.message, "rois[:, 0][1] = 3 is out of range for a feature map with N=2 images "
+                              "(expected 0 <= index < 2)") == 0, "%s", err.message);
+    /* runtime settings refuse negative limits */
+    const int64_t limit = roicore_get_memory_limit();
+    CHECK(roicore_set_memory_limit(-5) == ROICORE_ERR_ARGUMENT && roicore_get_memory_limit() == limit,
+          "a negative memory limit was taken");
+    CHECK(roicore_set_scratch_keep_limit(-1) == ROICORE_ERR_ARGUMENT, "a negative keep limit was taken");
+    /* the library is the header's */
+    CHECK(roicore_abi_version() == ROICORE_ABI_VERSION && roicore_version_number() == ROICORE_VERSION_NUMBER &&
+              strcmp(roicore_version_string(), ROICORE_VERSION_STRING) == 0,
+          "library %s (ABI %d) against header %s (ABI %d)", roicore_version_string(),
+          roicore_abi_version(), ROICORE_VERSION_STRING, ROICORE_ABI_VERSION);
+    free(x.data); free(out.data); free(c.data);
 }
 
 /* Scratch blocks of 1 MiB or more are kept for the next call, and a kept block gives the
@@ -789,7 +922,7 @@ static void scratch_keeping(void) {
     array c = coords_of(ROICORE_FLOAT32, rows, 2);
     int64_t batch[] = {0, 0};
     roicore_boxes b = boxes_of(c, batch, 2);
-    roicore_tensor tx = {x.data, ROICORE_FLOAT32, ROICORE_NHWC, 1, C, H, W};
+    roicore_tensor tx = IN(x.data, ROICORE_FLOAT32, ROICORE_NHWC, 1, C, H, W);
     array out[3];
     roicore_error err;
     const int64_t limit = roicore_get_scratch_keep_limit();
@@ -797,9 +930,9 @@ static void scratch_keeping(void) {
     roicore_release_scratch();
     for (int r = 0; r < 3; ++r) {
         out[r] = new_array(ROICORE_FLOAT32, 2 * 21 * 49);
-        roicore_tensor to = {out[r].data, ROICORE_FLOAT32, ROICORE_NHWC, 2, 21, 7, 7};
+        roicore_out_tensor to = OUT(out[r].data, ROICORE_FLOAT32, ROICORE_NHWC, 2, 21, 7, 7);
         if (r == 2) roicore_set_scratch_keep_limit(0);
-        CHECK(roicore_psroi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 7, 7, &to, &three_threads,
+        CHECK(roicore_ps_roi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 7, 7, &to, &three_threads,
                                          &err) == ROICORE_OK, "psroi NHWC: %s", err.message);
         const int64_t kept = roicore_release_scratch();
         if (r == 0)  /* the first call's blocks are kept */
@@ -808,9 +941,9 @@ static void scratch_keeping(void) {
         if (r == 2)
             CHECK(kept == 0, "kept %lld bytes with a limit of 0", (long long)kept);
         if (r == 0) {  /* again, the second call taking the first call's blocks */
-            CHECK(roicore_psroi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 7, 7, &to, &three_threads,
+            CHECK(roicore_ps_roi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 7, 7, &to, &three_threads,
                                              &err) == ROICORE_OK, "psroi NHWC: %s", err.message);
-            const int64_t again = roicore_psroi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 7, 7, &to,
+            const int64_t again = roicore_ps_roi_pool_forward(&MXNET_PSROI, &tx, &b, 1.0, 7, 7, &to,
                                                              &three_threads, &err);
             CHECK(again == ROICORE_OK && roicore_release_scratch() == kept,
                   "a call after the first took fresh blocks instead of the kept ones");
@@ -839,8 +972,9 @@ int main(void) {
     nhwc_layouts(64);
     nhwc_psroi_cells();
     bad_input();
+    contract();
     scratch_keeping();
-    printf("roicore C API %d, OpenMP %s\n", roicore_api_version(),
+    printf("roicore %s (ABI %d), OpenMP %s\n", roicore_version_string(), roicore_abi_version(),
            roicore_openmp_enabled() ? "on" : "off");
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

@@ -29,7 +29,7 @@ def _forward(op, x, boxes, batch, out, scale=1.0, sampling_ratio=-1, group=None,
         return _binding.ps_roi_align_forward(rules or PSROI_ALIGN["torchvision"], x, boxes, batch,
                                              scale, sampling_ratio, out, 1, masked)
     gh, gw = group or out.shape[2:]
-    return _binding.psroi_pool_forward(rules or PSROI_POOL["torchvision"], x, boxes, batch, scale,
+    return _binding.ps_roi_pool_forward(rules or PSROI_POOL["torchvision"], x, boxes, batch, scale,
                                        gh, gw, out, 1, masked)
 
 
@@ -37,7 +37,7 @@ def _backward(op, g, boxes, batch, dx, scale=1.0, sampling_ratio=-1, masked=Fals
     if op == "ps_roi_align":
         return _binding.ps_roi_align_backward(PSROI_ALIGN["torchvision"], g, boxes, batch, scale,
                                               sampling_ratio, dx, 1, masked)
-    return _binding.psroi_pool_backward(PSROI_POOL["torchvision"], g, boxes, batch, scale,
+    return _binding.ps_roi_pool_backward(PSROI_POOL["torchvision"], g, boxes, batch, scale,
                                         *g.shape[2:], dx, 1, masked)
 
 
@@ -79,7 +79,7 @@ def test_masked_boxes_pool_to_zero_and_add_nothing(op):
 def test_batch_index_out_of_range(op, direction, index):
     x, boxes, batch = _inputs()
     batch[1] = index
-    with pytest.raises(ValueError, match=rf"batch index {index} of box 1 is out of range for a "
+    with pytest.raises(ValueError, match=rf"batch\[1\] = {index} is out of range for a "
                                          r"feature map with N=2 images"):
         if direction == "forward":
             _forward(op, x, boxes, batch, _pooled())

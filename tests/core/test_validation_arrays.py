@@ -2,8 +2,9 @@
 
 Every bad input raises TypeError or ValueError *before* any kernel runs (the
 ``no_kernels`` fixture replaces the compiled module inside ``ops`` with a stub that fails
-the test if it is reached), and the message names the argument, what was expected and
-what came."""
+the test if it is reached), or, for what only the C API checks (coordinates once scaled,
+argmax values), from the kernel's entry point; the message names the argument, what was
+expected and what came."""
 from __future__ import annotations
 
 import re
@@ -158,6 +159,10 @@ class TestBoxes:
         with pytest.raises(ValueError, match=r"boxes coordinates must be finite"):
             call(op, boxes=boxes)
 
+
+class TestScaledCoordinates:
+    """Coordinates in range once scaled: checked by the C entry points."""
+
     @pytest.mark.parametrize("op", COORD_OPS)
     @pytest.mark.parametrize("value", [1e30, -1e30])
     @pytest.mark.parametrize("column", [1, 4])
@@ -175,46 +180,69 @@ class TestBoxes:
         """1e5 is fine at scale 1 but 1e8 feature pixels at spatial_scale 1000."""
         boxes = with_value(BOXES, (0, 3), 1e5)
         kw = {"sampling_ratio": 2} if op in SAMPLING_OPS else {}
-        with pytest.raises(ValueError, match=r"boxes\[0\] coordinate 100000\.0 lies 1e\+08 "
-                                             r"feature-map pixels"):
+        with pytest.raises(ValueError, match=r"boxes\[0\] coordinate 100000 lies 1e\+08 "
+                                             r"feature-map pixels") as caught:
             call(op, boxes=boxes, spatial_scale=1000.0, **kw)
+        assert (caught.value.argument, caught.value.index) == ("boxes", 0)
 
 
-@pytest.mark.usefixtures("no_kernels")
-class TestScans:
-    """The C API's scans behind the box checks' common case agree with NumPy on every
-    position."""
+
+
+class TestConverters:
+    """The C API's box conversions behind the checks, through the binding: they agree with
+    NumPy on every position and name the argument and element at fault."""
 
     @pytest.mark.parametrize("dtype", [np.float32, np.float64])
     @pytest.mark.parametrize("k", [0, 1, 7])
-    def test_coords_ok_finiteness(self, dtype, k):
+    def test_check_coords_finiteness(self, dtype, k):
         coords = np.random.default_rng(k).uniform(-1e6, 1e6, (k, 4)).astype(dtype)
-        assert _binding.coords_ok(coords, 0, 0)
+        _binding.check_coords(coords, 0, 0, "rois")
         for i in range(coords.size):
             for value in (np.nan, np.inf, -np.inf):
-                bad = with_value(coords, np.unravel_index(i, coords.shape), value)
-                assert not _binding.coords_ok(bad, 0, 0)
+                where = np.unravel_index(i, coords.shape)
+                with pytest.raises(ValueError, match=r"rois coordinates must be finite") as caught:
+                    _binding.check_coords(with_value(coords, where, value), 0, 0, "rois")
+                assert (caught.value.argument, caught.value.index) == ("rois", where[0])
 
     @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-    def test_coords_ok_range(self, dtype):
+    def test_check_coords_range(self, dtype):
         """|x| * scale_x and |y| * scale_y within 2**24, each axis by its own scale."""
         coords = np.zeros((3, 4), dtype)
         for j in range(4):
             scale_x, scale_y = (1.0, 0.5) if j % 2 == 0 else (0.5, 1.0)
-            at_limit = with_value(coords, (1, j), -(2.0**24))
-            assert _binding.coords_ok(at_limit, scale_x, scale_y)
+            _binding.check_coords(with_value(coords, (1, j), -(2.0**24)), scale_x, scale_y, "b")
             beyond = with_value(coords, (1, j), 2.0**24 + 4)
-            assert not _binding.coords_ok(beyond, scale_x, scale_y)
-            assert _binding.coords_ok(beyond, scale_y, scale_x)  # the other axis's scale
+            with pytest.raises(ValueError, match=r"b\[1\] coordinate 1\.67772e\+07 lies"):
+                _binding.check_coords(beyond, scale_x, scale_y, "b")
+            _binding.check_coords(beyond, scale_y, scale_x, "b")  # the other axis's scale
 
-    def test_batch_in_range(self):
-        assert _binding.batch_in_range(np.zeros(0, np.int64), 0)
-        batch = np.array([0, 2, 1, 2], np.int64)
-        assert _binding.batch_in_range(batch, 3)
-        assert not _binding.batch_in_range(batch, 2)
+    @pytest.mark.parametrize("dtype", [np.int32, np.int64])
+    def test_batch_from_indices(self, dtype):
+        batch = np.array([0, 2, 1, 2], dtype)
+        assert _binding.batch_from_indices(batch, 3, False, "i").tolist() == [0, 2, 1, 2]
+        assert _binding.batch_from_indices(batch[:0], 0, False, "i").shape == (0,)
         for i in range(batch.size):
-            for value in (-1, 3, np.iinfo(np.int64).min, np.iinfo(np.int64).max):
-                assert not _binding.batch_in_range(with_value(batch, i, value), 3)
+            for value in (-1, 3, np.iinfo(dtype).min, np.iinfo(dtype).max):
+                with pytest.raises(ValueError, match=rf"i\[{i}\] = {value} is out of range"):
+                    _binding.batch_from_indices(with_value(batch, i, value), 3, False, "i")
+        masked = _binding.batch_from_indices(with_value(batch, 1, -5), 3, True, "i")
+        assert masked.tolist() == [0, -1, 1, 2]
+
+    def test_batch_from_counts(self):
+        counts = np.array([2, 0, 3], np.int32)
+        assert _binding.batch_from_counts(counts, 5, "boxes_num").tolist() == [0, 0, 2, 2, 2]
+        with pytest.raises(ValueError, match=r"lod must sum to the number of boxes \(4\), got "
+                                             r"sum\(lod\) = 5"):
+            _binding.batch_from_counts(counts, 4, "lod")
+        with pytest.raises(ValueError, match=r"lod must be non-negative, got lod\[1\] = -1"):
+            _binding.batch_from_counts(np.array([2, -1, 4], np.int64), 5, "lod")
+
+    def test_convert_coords(self):
+        yx = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.float64)
+        assert _binding.convert_coords(yx, 0, True, np.float32).tolist() == \
+            [[2, 1, 4, 3], [6, 5, 8, 7]]
+        rois = np.hstack([np.zeros((2, 1)), yx])
+        assert _binding.convert_coords(rois, 1, False, np.float64).tolist() == yx.tolist()
 
 
 class TestBatch:
@@ -243,8 +271,8 @@ class TestBatch:
     @pytest.mark.parametrize("bi", [np.array([[0], [1]]), np.array([0, 1, 1]), np.array(0),
                                     np.array([0])], ids=["2d", "K+1", "0d", "K-1"])
     def test_batch_indices_shape(self, op, bi):
-        with pytest.raises(ValueError, match=r"batch_indices must have shape \(2,\) to match "
-                                             r"boxes, got " + re.escape(str(bi.shape))):
+        with pytest.raises(ValueError, match=r"batch_indices must have shape \(2,\), one image "
+                                             r"index per box, got " + re.escape(str(bi.shape))):
             call(op, boxes=default_boxes(op)[:, 1:], batch_indices=bi)
 
     @pytest.mark.parametrize("op", ALL_OPS)
@@ -276,16 +304,16 @@ class TestBatch:
     @pytest.mark.parametrize("value", [0.5, 1.25, -0.5, 1e-3])
     def test_batch_column_not_integral(self, op, value):
         boxes = with_value(default_boxes(op).astype(np.float64), (1, 0), value)
-        with pytest.raises(ValueError, match=r"boxes\[1, 0\] \(batch index\) must be an integer, "
-                                             r"got " + re.escape(str(value))):
+        with pytest.raises(ValueError, match=r"boxes\[:, 0\]\[1\] \(a batch index\) must be an "
+                                             r"integer, got " + re.escape(str(value))):
             call(op, boxes=boxes)
 
     @pytest.mark.parametrize("op", ALL_OPS)
     @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
     def test_batch_column_not_finite(self, op, value):
         boxes = with_value(default_boxes(op), (1, 0), value)
-        with pytest.raises(ValueError, match=r"boxes\[1, 0\] \(batch index\) must be finite, got "
-                                             + re.escape(str(np.float32(value)))):
+        with pytest.raises(ValueError, match=r"boxes\[:, 0\]\[1\] \(a batch index\) must be "
+                                             r"finite, got " + re.escape(str(np.float32(value)))):
             call(op, boxes=boxes)
 
     @pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -300,10 +328,11 @@ class TestBatch:
 
     @pytest.mark.parametrize("op", ["roi_pool_max", "roi_align"])
     def test_huge_unsigned_batch_index_reports_the_value_given(self, op):
-        """2**64 - 1 as uint64 must be reported as such, not as -1 after a cast to int64."""
+        """2**64 - 1 as uint64 must be reported as its value (as a float: the C API reads
+        indices beyond int64 as floats), not as -1 after a cast to int64."""
         bi = np.array([0, 2**64 - 1], np.uint64)
-        with pytest.raises(ValueError, match=r"batch_indices\[1\] = 18446744073709551615 is out "
-                                             r"of range"):
+        with pytest.raises(ValueError, match=r"batch_indices\[1\] = 1\.8446744073709552e\+19 is "
+                                             r"out of range"):
             call(op, boxes=BOXES[:, 1:], batch_indices=bi)
 
 class TestArgmax:
@@ -384,11 +413,10 @@ class TestArgmax:
         with pytest.raises(ValueError, match=r"argmax holds indices outside"):
             call("roi_pool_backward_max", argmax=a, convention="mxnet")
 
-    @pytest.mark.usefixtures("no_kernels")
     @pytest.mark.parametrize("dtype, value", [(np.uint32, 2**32 - 1), (np.uint64, 2**64 - 1)])
     def test_unsigned_values_that_wrap_to_minus_one(self, dtype, value):
         """An unsigned argmax holding its maximum is not -1: casting it to a signed type
-        must not turn it into "no selection"."""
+        must not turn it into "no selection" (the kernel refuses it)."""
         a = np.zeros(self.SHAPE, dtype)
         a[0, 0, 0, 0] = value
         with pytest.raises(ValueError, match=r"argmax holds indices outside"):
@@ -401,31 +429,29 @@ class TestArgmax:
         with pytest.raises((ValueError, TypeError), match=r"argmax"):
             call("roi_pool_backward_bilinear", argmax=np.zeros(self.SHAPE, np.int32))
 
-def test_batch_column_fast_path_and_its_fallback():
-    """(K, 5) boxes' float batch column is converted in one C pass; anything that pass
-    refuses goes through the NumPy checks, which name the culprit.  Both compare exactly:
-    an index of 2**24 is valid with 2**24 + 1 images, though float32(2**24 + 1) == 2**24
-    (NumPy 2 compared a float32 column's maximum with n_images in float32 and refused it;
-    the float16 column below takes the NumPy path)."""
-    from roicore.core import _validate
+def test_batch_columns_of_every_dtype():
+    """(K, 5) boxes' batch column is converted by the C API in one pass, exactly: an index of
+    2**24 is valid with 2**24 + 1 images, though float32(2**24 + 1) == 2**24, and a float16
+    or integer column goes through float64."""
     rng = np.random.default_rng(5)
-    for dt in (np.float32, np.float64):
+    for dt in (np.float32, np.float64, np.int64, np.uint8, np.float16):
         rois = np.hstack([rng.integers(0, 3, (50, 1)), rng.uniform(0, 9, (50, 4))]).astype(dt)
-        coords, batch = _validate.boxes_and_batch(rois, None, 3, np.float32)
+        coords, batch = rc.args.boxes_and_batch(rois, None, 3, np.float32)
         assert batch.dtype == np.int64 and np.array_equal(batch, rois[:, 0].astype(np.int64))
         assert np.array_equal(coords, rois[:, 1:].astype(np.float32))
     rois = np.array([[2**24, 0, 0, 1, 1]], np.float32)
-    _, batch = _validate.boxes_and_batch(rois, None, 2**24 + 1, np.float32)
+    _, batch = rc.args.boxes_and_batch(rois, None, 2**24 + 1, np.float32)
     assert batch.tolist() == [2**24]
     rois = np.array([[2048, 0, 0, 1, 1]], np.float16)  # float16(2049) == 2048
-    _, batch = _validate.boxes_and_batch(rois, None, 2049, np.float32)
+    _, batch = rc.args.boxes_and_batch(rois, None, 2049, np.float32)
     assert batch.tolist() == [2048]
-    for bad, match in [(np.nan, "must be finite"), (1.5, "must be an integer"),
-                       (3.0, "out of range"), (-1.0, "out of range")]:
+    for bad, match in [(np.nan, r" \(a batch index\) must be finite"),
+                       (1.5, r" \(a batch index\) must be an integer"),
+                       (3.0, r" = 3 is out of range"), (-1.0, r" = -1 is out of range")]:
         rois = np.array([[0, 0, 0, 1, 1], [bad, 0, 0, 1, 1]], np.float32)
-        with pytest.raises(ValueError, match=r"boxes\[1, 0\] \(batch index\) " + match
-                           if "range" not in match else r"boxes\[:, 0\]\[1\] = .* " + match):
-            _validate.boxes_and_batch(rois, None, 3, np.float32)
+        with pytest.raises(ValueError, match=r"rois\[:, 0\]\[1\]" + match) as caught:
+            rc.args.boxes_and_batch(rois, None, 3, np.float32, name="rois")
+        assert (caught.value.argument, caught.value.index) == ("rois[:, 0]", 1)
 
 
 class TestBoxesBackward:
@@ -479,7 +505,7 @@ class TestBoxesBackward:
         _binding.roi_pool_bilinear_boxes_backward(rules, self.G, X, coords, masked, grad, 1,
                                                   masked=True)
         assert not np.any(grad[0]) and np.any(grad[1])
-        with pytest.raises(ValueError, match="batch index -1 of box 0 is out of range"):
+        with pytest.raises(ValueError, match=r"batch\[0\] = -1 is out of range"):
             _binding.roi_pool_bilinear_boxes_backward(rules, self.G, X, coords, masked, grad, 1)
         aliased = X.reshape(-1)[:8].reshape(2, 4)  # a view of x
         with pytest.raises(ValueError, match="grad_boxes must not share memory with x"):

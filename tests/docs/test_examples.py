@@ -12,6 +12,9 @@ The convention the documents follow:
 * An example that imports a framework (directly, or through ``roicore.adapters.<name>``)
   is skipped where that framework is not installed, and fails in CI
   (ROICORE_REQUIRE_FRAMEWORKS=1), as the adapter tests are.
+* Every block tagged ``c`` is a program on the C API: it is compiled against the installed
+  header and library (``roicore.core.get_include()``, ``get_link_args()``), run, and
+  compared with the ``text`` block that follows it, as Python examples are.
 * A ``text`` block whose first line is ``$ roicore ...`` is a sample of the command line:
   the command runs and must print the rest of the block, run times such as ``(2.0 s)``
   aside.  It needs the frameworks its ``--frameworks`` names (all of them without it).
@@ -67,12 +70,13 @@ class Example:
         return found
 
 
-def examples(text, document="<text>"):
-    """The Python examples of a Markdown text, each with its expected output, if any."""
+def examples(text, document="<text>", language="python"):
+    """The examples of a Markdown text in ``language``, each with its expected output, if
+    any."""
     found = []
     blocks = list(_FENCE.finditer(text))
     for i, block in enumerate(blocks):
-        if block.group(1) != "python":
+        if block.group(1) != language:
             continue
         expected = None
         after = blocks[i + 1] if i + 1 < len(blocks) else None
@@ -131,6 +135,7 @@ def _documents():
 
 
 ALL = [e for text, name in _documents() for e in examples(text, name)]
+C_EXAMPLES = [e for text, name in _documents() for e in examples(text, name, "c")]
 SAMPLES = [c for text, name in _documents() for c in samples(text, name)]
 
 
@@ -180,3 +185,21 @@ def test_command_sample(sample, tmp_path):
         f"{sample.id} exited with {proc.returncode}:\n{proc.stderr[-3000:]}")
     assert _normalised(proc.stdout) == _normalised(sample.expected), (
         f"{sample.id}: the command printed something else than its sample:\n{proc.stdout}")
+
+
+@pytest.mark.parametrize("example", C_EXAMPLES, ids=[e.id for e in C_EXAMPLES])
+def test_c_example(example, tmp_path):
+    import shutil
+
+    import roicore.core as rc
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        pytest.skip("no C compiler")
+    source, program = tmp_path / "example.c", tmp_path / "example"
+    source.write_text(example.code)
+    subprocess.run([cc, "-std=c11", "-Wall", "-Werror", str(source), f"-I{rc.get_include()}",
+                    *rc.get_link_args(), "-lm", "-o", str(program)], check=True)
+    proc = _run([str(program)], tmp_path)
+    assert proc.returncode == 0, f"{example.id} exited with {proc.returncode}: {proc.stdout}"
+    assert example.expected is not None, f"{example.id} shows no output"
+    assert _normalised(proc.stdout) == _normalised(example.expected)
