@@ -5,8 +5,7 @@ import csv
 
 from . import workloads as WL
 from ._report import Note, Table, Text, machine, render_markdown
-
-ORDER = ("roi_pool", "roi_align", "psroi_pool", "roi_pool_bilinear", "ps_roi_align")
+from .cases import OPS as ORDER
 
 
 # ----------------------------------------------------------------------------- cells

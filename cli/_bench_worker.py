@@ -10,6 +10,8 @@ import resource
 import statistics
 import time
 
+from roicore.core import operators
+
 from . import workloads
 from ._proc import error_text
 from .frameworks import F32, Unsupported, boxes_and_batch
@@ -73,82 +75,37 @@ def nbytes(*arrays):
 def core_passes(case, dy, n, rules):
     """``(forward, forward_saving, backward)``: roicore.core for ``case["op"]`` at ``n`` threads.
 
-    ``forward()`` -> y (roi_pool: no argmax); ``forward_saving()`` -> the tuple of forward
-    outputs the backward needs (y, plus argmax for max pooling); ``backward(saved)`` -> dx.
-    ``rules`` maps "roi_pool" (forward without argmax), "roi_pool/saving" (forward keeping
-    the argmax), "roi_pool/backward", "roi_align", "psroi_pool", "roi_pool_bilinear" and
-    "ps_roi_align" to
-    the convention (name or rules object) each call uses.  The roicore worker times these calls against the
-    native ops; each framework worker times them, with its adapter's conventions, next to
-    the adapter (the in-process core of the adapter-overhead table).
+    ``forward()`` -> y (max pooling: no argmax); ``forward_saving()`` -> the tuple of
+    forward outputs the backward needs (y, plus the argmax for max pooling);
+    ``backward(saved)`` -> dx.  ``rules`` maps each operator to the convention (name or
+    rules object) its calls use; "<op>/saving" and "<op>/backward", where given, override it
+    for the forward that keeps what the backward needs and for the backward.  The roicore
+    worker times these calls against the native ops; each framework worker times them, with
+    its adapter's conventions, next to the adapter (the in-process core of the
+    adapter-overhead table).
     """
-    import roicore.core as rc
-    x, op, P, s = case["x"], case["op"], case["output_size"], case["spatial_scale"]
+    from roicore.core import operators
+    op = case["op"]
+    try:
+        v = operators.variant(op)
+    except ValueError as e:
+        raise Unsupported(str(e)) from None
+    x, P, s = case["x"], case["output_size"], case["spatial_scale"]
     boxes, bi = boxes_and_batch(case, x.dtype)
-    if op == "roi_pool":
-        def fwd():
-            return rc.roi_pool(x, boxes, P, s, batch_indices=bi, convention=rules["roi_pool"],
-                               n_threads=n)
+    kw = dict(batch_indices=bi, n_threads=n,
+              **v.options(sampling_ratio=case["sampling_ratio"], aligned=case["aligned"]))
+    conv = rules[op]
+    saving, backward = rules.get(f"{op}/saving", conv), rules.get(f"{op}/backward", conv)
 
-        def fwd_saving():
-            return rc.roi_pool(x, boxes, P, s, batch_indices=bi,
-                               convention=rules["roi_pool/saving"], return_argmax=True,
-                               n_threads=n)
+    def fwd():
+        return v.forward(x, boxes, P, s, convention=conv, **kw)[0]
 
-        def bwd(saved):
-            return rc.roi_pool_backward(dy, boxes, x.shape, s, batch_indices=bi,
-                                        convention=rules["roi_pool/backward"], argmax=saved[1],
-                                        n_threads=n)
-    elif op == "roi_align":
-        sr, aligned = case["sampling_ratio"], case["aligned"]
+    def fwd_saving():
+        y, saved = v.forward(x, boxes, P, s, saving=True, convention=saving, **kw)
+        return (y,) + saved
 
-        def fwd():
-            return rc.roi_align(x, boxes, P, s, sr, aligned, batch_indices=bi,
-                                convention=rules["roi_align"], n_threads=n)
-
-        def fwd_saving():
-            return (fwd(),)
-
-        def bwd(saved):
-            return rc.roi_align_backward(dy, boxes, x.shape, s, sr, aligned, batch_indices=bi,
-                                         convention=rules["roi_align"], n_threads=n)
-    elif op == "psroi_pool":
-        def fwd():
-            return rc.psroi_pool(x, boxes, P, s, batch_indices=bi,
-                                 convention=rules["psroi_pool"], n_threads=n)
-
-        def fwd_saving():
-            return (fwd(),)
-
-        def bwd(saved):
-            return rc.psroi_pool_backward(dy, boxes, x.shape, s, batch_indices=bi,
-                                          convention=rules["psroi_pool"], n_threads=n)
-    elif op == "ps_roi_align":
-        sr = case["sampling_ratio"]
-
-        def fwd():
-            return rc.ps_roi_align(x, boxes, P, s, sr, batch_indices=bi, convention=rules[op],
-                                   n_threads=n)
-
-        def fwd_saving():
-            return (fwd(),)
-
-        def bwd(saved):
-            return rc.ps_roi_align_backward(dy, boxes, x.shape, s, sr, batch_indices=bi,
-                                            convention=rules[op], n_threads=n)
-    elif op == "roi_pool_bilinear":
-        def fwd():
-            return rc.roi_pool(x, boxes, P, s, batch_indices=bi, method="bilinear",
-                               convention=rules[op], n_threads=n)
-
-        def fwd_saving():
-            return (fwd(),)
-
-        def bwd(saved):
-            return rc.roi_pool_backward(dy, boxes, x.shape, s, batch_indices=bi,
-                                        method="bilinear", convention=rules[op], n_threads=n)
-    else:
-        raise Unsupported(f"roicore.core has no bench passes for {op}")
+    def bwd(saved):
+        return v.backward(dy, boxes, x.shape, s, saved[1:], convention=backward, **kw)
     return fwd, fwd_saving, bwd
 
 
@@ -160,8 +117,9 @@ def core_contenders(case, dy, n, rules, variant=""):
 
 
 def with_convention(rules, op, convention):
-    """``rules`` with ``op``'s calls (all three of roi_pool's) under ``convention``."""
-    keys = ("roi_pool", "roi_pool/saving", "roi_pool/backward") if op == "roi_pool" else (op,)
+    """``rules`` with every call of ``op`` (its "/saving" and "/backward" too) under
+    ``convention``."""
+    keys = [k for k in rules if k == op or k.startswith(op + "/")] or [op]
     return dict(rules, **dict.fromkeys(keys, convention))
 
 
@@ -170,11 +128,12 @@ class CoreBench:
     name = "roicore"
     per_call_threads = True
     measures_memory = True
-    # roicore.core's conventions in the native-ratio table (variant ""); other conventions
-    # are timed on request, each as the variant named after it
-    RULES = {"roi_pool": "mxnet", "roi_pool/saving": "mxnet", "roi_pool/backward": "mxnet",
-             "roi_align": "mxnet", "psroi_pool": "paddle", "roi_pool_bilinear": "tensorflow",
-             "ps_roi_align": "torchvision"}
+    # roicore.core's conventions in the native-ratio table (variant ""): each operator's
+    # default, but TensorFlow's for bilinear pooling (crop_and_resize, the framework with the
+    # most users of it); other conventions are timed on request, each as the variant named
+    # after it
+    RULES = {**{v.name: v.method.default for v in operators.variants()},
+             "roi_pool_bilinear": "tensorflow"}
 
     def __init__(self, threads):
         import roicore.core as rc

@@ -20,6 +20,7 @@ import time
 from types import SimpleNamespace
 
 from . import _bench_report, _compare
+from . import cases as K
 from . import workloads as WL
 from ._bench_worker import RUN_MIN_SECONDS, CoreBench
 from ._proc import Worker, WorkerDied
@@ -27,7 +28,7 @@ from ._report import (FRAMEWORK_ALIASES, UsageError, environment, log, parse_lis
                       write_json)
 
 FRAMEWORKS = ("paddle", "mxnet", "openvino", "onnxruntime", "tensorflow", "torch")
-OPS = ("roi_pool", "roi_align", "psroi_pool", "roi_pool_bilinear", "ps_roi_align")
+OPS = K.OPS
 DIRECTIONS = ("forward", "fwd+bwd")
 DTYPES = ("float32", "float64")
 REPEATS = 5
@@ -67,14 +68,13 @@ def plan(args, cpus):
     """The run ``args`` ask for, checked; UsageError on bad arguments."""
     p = SimpleNamespace(
         workloads=parse_list(args.workloads, tuple(WL.WORKLOADS), "workload"),
-        ops=parse_list(args.ops, OPS, "operator", {"bilinear": "roi_pool_bilinear"}),
+        ops=parse_list(args.ops, OPS, "operator", K.OP_ALIASES),
         directions=parse_list(args.directions, DIRECTIONS, "direction", {"backward": "fwd+bwd"}),
         dtypes=parse_list(args.dtypes, DTYPES, "dtype", {"f32": "float32", "f64": "float64"}),
         seed=args.seed, quick=args.quick, min_seconds=RUN_MIN_SECONDS)
     p.conventions = []
     if args.conventions is not None:
-        from .cases import CONVENTIONS
-        known = tuple(dict.fromkeys(c for op in OPS for c in CONVENTIONS[op]))
+        known = tuple(dict.fromkeys(c for op in OPS for c in K.CONVENTIONS[op]))
         p.conventions = (list(known) if args.conventions.strip().lower() == "all"
                          else parse_list(args.conventions, known, "convention"))
     p.scale = args.scale if args.scale is not None else QUICK["scale"] if args.quick else 1.0

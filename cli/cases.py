@@ -3,15 +3,16 @@
 A case is a dict of framework-neutral NumPy data:
 
     name, group        "golden" | "random" | "adversarial" | "inputs" | "training"
-    op                 "roi_pool" | "psroi_pool" | "roi_align" | "roi_pool_bilinear" |
-                       "ps_roi_align"
+    op                 an operator variant of roicore.core.operators ("roi_pool",
+                       "roi_pool_bilinear", "psroi_pool", ...)
     x                  (N, C, H, W) float64 (cast to the dtype under test)
     rois               (K, 5) float64 rows [batch, x1, y1, x2, y2], grouped by batch;
-                       image pixels, except roi_pool_bilinear: normalised [0, 1] boxes
+                       image pixels, except for the crop methods (bilinear, nearest):
+                       normalised [0, 1] boxes
     output_size        (PH, PW)
     spatial_scale      float
-    sampling_ratio     int (roi_align, ps_roi_align)
-    aligned            bool (roi_align)
+    sampling_ratio     int (for the operators that take it)
+    aligned            bool (for the operators that take it)
     seed               seeds the upstream gradient of the backward pass
     expected           golden cases only: the known forward output
     images, weight,    training cases only (``training_case``)
@@ -21,20 +22,28 @@ A case is a dict of framework-neutral NumPy data:
 """
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
-OPS = ("roi_pool", "psroi_pool", "roi_align", "roi_pool_bilinear", "ps_roi_align")
-# the operators whose input has output_channels * PH * PW channels
-POSITION_SENSITIVE = ("psroi_pool", "ps_roi_align")
+from roicore.core import operators
 
+# Every operator variant of roicore.core (roicore.core.operators), in the table's order.
+OPS = tuple(v.name for v in operators.variants())
+# the operators whose input has output_channels * PH * PW channels
+POSITION_SENSITIVE = tuple(v.name for v in operators.variants() if v.operator.position_sensitive)
+# the operators that take boxes normalised to [0, 1] (the crop methods)
+NORMALISED = tuple(v.name for v in operators.variants() if v.method.normalised_boxes)
 # The conventions roicore.core can compute for each operator (roicore.core.conventions).
-CONVENTIONS = {
-    "roi_pool": ("mxnet", "paddle", "torchvision", "openvino", "openvino_cpu"),
-    "psroi_pool": ("mxnet", "paddle", "torchvision"),
-    "roi_align": ("mxnet", "torchvision", "paddle"),
-    "roi_pool_bilinear": ("tensorflow", "openvino", "openvino_cpu"),
-    "ps_roi_align": ("torchvision",),
-}
+CONVENTIONS = {v.name: v.conventions for v in operators.variants()}
+# what the command line takes for an operator's other methods: "bilinear", "nearest"
+OP_ALIASES = {v.method.name: v.name for v in operators.variants() if v.name != v.operator.name}
+
+
+def _seed(op):
+    """A stable seed per operator (its name's CRC): adding an operator to the table
+    leaves the other operators' cases as they were."""
+    return zlib.crc32(op.encode())
 
 
 def _case(name, group, op, x, rois, output_size, spatial_scale=1.0, sampling_ratio=-1,
@@ -89,10 +98,25 @@ def golden_cases():
 
 
 # ----------------------------------------------------------------------------- adversarial
+def _grids(op):
+    """The (sampling_ratio, aligned) pairs a case of ``op`` runs with: every combination
+    of the options it takes (sampling ratio -1 and 2, aligned False and True)."""
+    options = operators.variant(op).operator.options
+    ratios = (-1, 2) if "sampling_ratio" in options else (-1,)
+    aligns = (False, True) if "aligned" in options else (False,)
+    return [(sr, al) for al in aligns for sr in ratios]
+
+
+def _grid_suffix(op, sr, aligned):
+    options = operators.variant(op).operator.options
+    return (f"_aligned{int(aligned)}" if "aligned" in options else "") + \
+        (f"_sr{sr}" if "sampling_ratio" in options else "")
+
+
 def adversarial_cases(op):
     rng = np.random.default_rng(57)
     out = []
-    if op == "roi_pool_bilinear":
+    if op in NORMALISED:
         x = rng.standard_normal((2, 3, 9, 13))
         boxes = [[0, 0, 0, 1, 1], [1, 1, 1, 0, 0],             # whole map, flipped
                  [0, -0.4, -0.3, 0.5, 0.6],                     # partly outside
@@ -127,17 +151,9 @@ def adversarial_cases(op):
         halves = np.hstack([[[0]] * 5 + [[1]] * 3, (k + 0.5) / s])   # (k + .5) / s: exact halves
         base.append((f"halves_scale_{tag}", x, halves, P if ps else (P, P + 1), s))
     for i, (name, xx, b, size, s) in enumerate(base):
-        if op == "roi_align":
-            for aligned in (False, True):
-                for sr in (-1, 2):
-                    out.append(_case(f"{name}_aligned{int(aligned)}_sr{sr}", "adversarial", op, xx,
-                                     b, size, s, sr, aligned, seed=100 + i))
-        elif op == "ps_roi_align":
-            for sr in (-1, 2):
-                out.append(_case(f"{name}_sr{sr}", "adversarial", op, xx, b, size, s, sr,
-                                 seed=100 + i))
-        else:
-            out.append(_case(name, "adversarial", op, xx, b, size, s, seed=100 + i))
+        for sr, aligned in _grids(op):
+            out.append(_case(name + _grid_suffix(op, sr, aligned), "adversarial", op, xx, b, size,
+                             s, sr, aligned, seed=100 + i))
     return out
 
 
@@ -146,11 +162,11 @@ def random_cases(op, n, seed):
     """``n`` seeded random cases: random shapes, scales, boxes of every kind."""
     out = []
     for i in range(n):
-        rng = np.random.default_rng([seed, OPS.index(op), i])
+        rng = np.random.default_rng([seed, _seed(op), i])
         N = int(rng.integers(1, 4))
         H, W = (int(v) for v in rng.integers(1, 24, 2))
         K = int(rng.integers(1, 14))
-        if op == "roi_pool_bilinear":
+        if op in NORMALISED:
             PH, PW = (int(v) for v in rng.integers(1, 8, 2))
             C = int(rng.integers(1, 5))
             b = rng.uniform(-0.4, 1.4, (K, 4))
@@ -178,11 +194,9 @@ def random_cases(op, n, seed):
         b[kind == 2, 2:] = b[kind == 2, :2]                      # zero size
         b[kind == 3] = np.round(b[kind == 3])                    # integral
         rois = np.hstack([rng.integers(0, N, (K, 1)), b])
-        sr, aligned = -1, False
-        if op == "roi_align":
-            sr, aligned = int(rng.choice([-1, 0, 1, 2, 3])), bool(rng.integers(2))
-        elif op == "ps_roi_align":
-            sr = int(rng.choice([-1, 0, 1, 2, 3]))
+        options = operators.variant(op).operator.options
+        sr = int(rng.choice([-1, 0, 1, 2, 3])) if "sampling_ratio" in options else -1
+        aligned = bool(rng.integers(2)) if "aligned" in options else False
         out.append(_case(f"random_{i}", "random", op, rng.standard_normal((N, C, H, W)), rois,
                          (PH, PW), s, sr, aligned, seed=seed * 1000 + i))
     return out
@@ -208,12 +222,12 @@ def training_case(op):
     overlapping, one per image on exact feature-pixel halves) and the target the loss
     mean((op(conv(images)) - target)**2) pulls towards.  ``x`` is zeros: the feature map is
     the convolution's output, step after step."""
-    rng = np.random.default_rng([97, OPS.index(op)])
+    rng = np.random.default_rng([97, _seed(op)])
     N, H, W, K = 2, 14, 18, 10
     ps = op in POSITION_SENSITIVE
     P = 3 if ps else 4
     C = 2 * P * P if ps else 6
-    if op == "roi_pool_bilinear":
+    if op in NORMALISED:
         y1, x1 = rng.uniform(0, 0.6, (2, K))
         b = np.stack([x1, y1, x1 + rng.uniform(0.15, 0.4, K), y1 + rng.uniform(0.15, 0.4, K)], 1)
         s, sr = 1.0, -1
@@ -224,7 +238,7 @@ def training_case(op):
         b[[0, K // 2]] = np.round(b[[0, K // 2]] * s * 2) / 2 / s + 1 / (2 * s)
     rois = np.hstack([np.repeat(np.arange(N), K // N)[:, None], b])
     c = _case(f"training_{op}", "training", op, np.zeros((N, C, H, W)), rois, P, s, sr,
-              seed=OPS.index(op))
+              seed=_seed(op) % 1000)
     c.update(images=rng.standard_normal((N, 3, H, W)),
              weight=rng.standard_normal((C, 3, 3, 3)) * 0.3,
              target=rng.standard_normal((K, C // (P * P) if ps else C, P, P)),
@@ -255,8 +269,8 @@ INPUT_KEYS = """\
   aligned         bool, default False (roi_align)
   dy              optional upstream gradient for the backward pass, shape of the op's output
                   (default: seeded random)
-Bilinear pooling (OpenVINO / TF crop_and_resize) gets the same boxes normalised to [0, 1]:
-x * spatial_scale / (W - 1), y * spatial_scale / (H - 1).  psroi_pool and ps_roi_align run
+The crop methods (bilinear and nearest: OpenVINO / TF crop_and_resize) get the same boxes
+normalised to [0, 1]: x * spatial_scale / (W - 1), y * spatial_scale / (H - 1).  psroi_pool and ps_roi_align run
 when C is a multiple of PH * PW (output channels C / (PH * PW))."""
 
 
@@ -303,9 +317,9 @@ def load_inputs(path, ops):
         if op in POSITION_SENSITIVE and C % (size[0] * size[1]):
             notes.append(f"{op} skipped: C={C} is not a multiple of {size[0]}x{size[1]}")
             continue
-        r = normalised(rois, s, H, W) if op == "roi_pool_bilinear" else rois
-        c = _case("inputs", "inputs", op, x, r, size, s if op != "roi_pool_bilinear" else 1.0, sr,
-                  aligned, seed=0)
+        crop = op in NORMALISED
+        c = _case("inputs", "inputs", op, x, normalised(rois, s, H, W) if crop else rois, size,
+                  1.0 if crop else s, sr, aligned, seed=0)
         c["x"] = np.asarray(x, dtype)          # keep the user's dtype
         if "dy" in keys:
             c["dy"] = np.asarray(z["dy"])

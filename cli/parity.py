@@ -145,27 +145,16 @@ def _training_row(fw, r):
 # ----------------------------------------------------------------------------- roicore alone
 def _core_run(c, dt, conv):
     """Forward and backward of roicore.core with one convention; (y, dx)."""
-    import roicore.core as rc
+    from roicore.core import operators
+    v = operators.variant(c["op"])
     x = c["x"].astype(dt)
     rois = c["rois"].astype(dt)
     size, s = c["output_size"], c["spatial_scale"]
     dy = np.random.default_rng(c["seed"]).standard_normal(
         (rois.shape[0], output_channels(c)) + tuple(size)).astype(dt)
-    if c["op"] == "roi_pool":
-        y, am = rc.roi_pool(x, rois, size, s, convention=conv, return_argmax=True)
-        return y, rc.roi_pool_backward(dy, rois, x.shape, s, convention=conv, argmax=am)
-    if c["op"] == "roi_pool_bilinear":
-        y = rc.roi_pool(x, rois, size, s, method="bilinear", convention=conv)
-        return y, rc.roi_pool_backward(dy, rois, x.shape, s, method="bilinear", convention=conv)
-    if c["op"] == "psroi_pool":
-        y = rc.psroi_pool(x, rois, size, s, convention=conv)
-        return y, rc.psroi_pool_backward(dy, rois, x.shape, s, convention=conv)
-    sr, al = c["sampling_ratio"], c["aligned"]
-    if c["op"] == "ps_roi_align":
-        y = rc.ps_roi_align(x, rois, size, s, sr, convention=conv)
-        return y, rc.ps_roi_align_backward(dy, rois, x.shape, s, sr, convention=conv)
-    y = rc.roi_align(x, rois, size, s, sr, al, convention=conv)
-    return y, rc.roi_align_backward(dy, rois, x.shape, s, sr, al, convention=conv)
+    options = v.options(sampling_ratio=c["sampling_ratio"], aligned=c["aligned"])
+    y, saved = v.forward(x, rois, size, s, saving=True, convention=conv, **options)
+    return y, v.backward(dy, rois, x.shape, s, saved, convention=conv, **options)
 
 
 def conventions_table(cases, ops, dtypes):
@@ -354,7 +343,7 @@ def print_report(report, inputs_mode):
 def run(args):
     t0 = time.monotonic()
     frameworks = parse_list(args.frameworks, FRAMEWORKS, "framework", FRAMEWORK_ALIASES)
-    ops = parse_list(args.ops, K.OPS, "operator", {"bilinear": "roi_pool_bilinear"})
+    ops = parse_list(args.ops, K.OPS, "operator", K.OP_ALIASES)
     dtypes = parse_list(args.dtypes, DTYPES, "dtype")
     inputs_mode = args.inputs is not None
     if inputs_mode:

@@ -5,6 +5,8 @@ cases the bench workers run (the format of ``roicore.cli.cases``).
 """
 import numpy as np
 
+from roicore.core import operators
+
 # name: (N, C, H, W, R, P, op, spatial_scale)
 WORKLOADS = {
     "fastrcnn_vgg16":  (1, 512, 38, 50, 2000, 7, "roi", 1 / 16),   # test-time proposals
@@ -13,9 +15,10 @@ WORKLOADS = {
     "c4_14x14":        (1, 1024, 64, 64, 1000, 14, "roi", 1 / 16), # ResNet C4 head
 }
 
-# The operators timed on each kind of workload.
-OPS_FOR = {"roi": ("roi_pool", "roi_align", "roi_pool_bilinear"),
-           "ps": ("psroi_pool", "ps_roi_align")}
+# The operators timed on each kind of workload: the position-sensitive ones on "ps"
+# workloads (their maps have D * P * P channels), the others on "roi" workloads.
+OPS_FOR = {"roi": tuple(v.name for v in operators.variants() if not v.operator.position_sensitive),
+           "ps": tuple(v.name for v in operators.variants() if v.operator.position_sensitive)}
 
 
 def shape(name, scale=1.0):
@@ -58,14 +61,14 @@ def cases(name, ops, seed=0, scale=1.0):
     it takes them), and an upstream gradient of the output's shape (one array for all the
     operators whose outputs have the same shape).
     """
-    from .cases import POSITION_SENSITIVE, normalised
+    from .cases import NORMALISED, POSITION_SENSITIVE, normalised
     x, boxes, batch, P, s, _ = make(name, seed=seed, scale=scale)
     rois = np.hstack([batch[:, None], boxes]).astype(np.float64)
     out, gradients = {}, {}
     for op in ops:
         case = dict(name=name, group="workload", op=op, x=x, rois=rois, output_size=(P, P),
                     spatial_scale=s, seed=seed, **ALIGN_ARGS)
-        if op == "roi_pool_bilinear":
+        if op in NORMALISED:
             case.update(rois=normalised(rois, s, *x.shape[2:]), spatial_scale=1.0)
         shape = (len(rois), x.shape[1] // (P * P) if op in POSITION_SENSITIVE else x.shape[1], P,
                  P)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import roicore.core as rc
-from roicore.core.conventions import BILINEAR_POOL, MAX_POOL, PSROI_ALIGN, PSROI_POOL, ROI_ALIGN
+from roicore.core import operators
 
 # ---------------------------------------------------------------------------------------
 # shared inputs and a uniform way to call every operator
@@ -23,60 +23,43 @@ BOXES = np.array([[0, 0.5, 1.0, 4.2, 5.1],
 NBOXES = np.array([[0, 0.1, 0.2, 0.8, 0.9],
                    [1, 0.05, 0.3, 0.5, 0.95]], np.float32)
 
-FORWARD = ["roi_pool_max", "roi_pool_bilinear", "roi_pool_nearest", "psroi_pool",
-           "psroi_pool_torchvision", "roi_align", "ps_roi_align"]
-BACKWARD = ["roi_pool_backward_max", "roi_pool_backward_bilinear", "roi_pool_backward_nearest",
-            "psroi_pool_backward", "psroi_pool_backward_torchvision", "roi_align_backward",
-            "ps_roi_align_backward"]
+
+def _table():
+    """{test name: (function, its fixed keyword arguments, the variant)} for every operator
+    of roicore.core's table, forward and backward: ``<op>_<method>`` and
+    ``<op>_backward_<method>`` for the methods of roi_pool, and torchvision's PS-RoI
+    pooling, whose bins differ, as ``psroi_pool_torchvision`` (and its backward)."""
+    forward, backward = {}, {}
+    for v in operators.variants():
+        suffix = f"_{v.method.name}" if v.method.name else ""
+        fixed = {"method": v.method.name} if v.method.name else {}
+        forward[v.operator.name + suffix] = (v.operator.forward, fixed, v)
+        backward[v.operator.backward.__name__ + suffix] = (v.operator.backward, fixed, v)
+    for table, name in ((forward, "psroi_pool"), (backward, "psroi_pool_backward")):
+        fn, fixed, v = table[name]
+        table[name + "_torchvision"] = (fn, {**fixed, "convention": "torchvision"}, v)
+    return forward, backward
+
+
+_FORWARD, _BACKWARD = _table()
+_FN = {**_FORWARD, **_BACKWARD}
+FORWARD, BACKWARD = list(_FORWARD), list(_BACKWARD)
 ALL_OPS = FORWARD + BACKWARD
-PSROI_OPS = ["psroi_pool", "psroi_pool_backward", "psroi_pool_torchvision",
-             "psroi_pool_backward_torchvision"]
-ALIGN_OPS = ["roi_align", "roi_align_backward"]
-PS_ALIGN_OPS = ["ps_roi_align", "ps_roi_align_backward"]
+PSROI_OPS = [op for op in ALL_OPS if _FN[op][2].operator.name == "psroi_pool"]
+ALIGN_OPS = [op for op in ALL_OPS if _FN[op][2].operator.name == "roi_align"]
+PS_ALIGN_OPS = [op for op in ALL_OPS if _FN[op][2].operator.name == "ps_roi_align"]
 # operators that take sampling_ratio
-SAMPLING_OPS = ALIGN_OPS + PS_ALIGN_OPS
+SAMPLING_OPS = [op for op in ALL_OPS if "sampling_ratio" in _FN[op][2].operator.options]
 # operators that use the box coordinates (max-pool backward only needs argmax and batch)
 COORD_OPS = [op for op in ALL_OPS if op != "roi_pool_backward_max"]
 
-_FN = {
-    "roi_pool_max": (rc.roi_pool, {"method": "max"}),
-    "roi_pool_bilinear": (rc.roi_pool, {"method": "bilinear"}),
-    "roi_pool_nearest": (rc.roi_pool, {"method": "nearest"}),
-    "psroi_pool": (rc.psroi_pool, {}),
-    "psroi_pool_torchvision": (rc.psroi_pool, {"convention": "torchvision"}),
-    "roi_align": (rc.roi_align, {}),
-    "ps_roi_align": (rc.ps_roi_align, {}),
-    "roi_pool_backward_max": (rc.roi_pool_backward, {"method": "max"}),
-    "roi_pool_backward_bilinear": (rc.roi_pool_backward, {"method": "bilinear"}),
-    "roi_pool_backward_nearest": (rc.roi_pool_backward, {"method": "nearest"}),
-    "psroi_pool_backward": (rc.psroi_pool_backward, {}),
-    "psroi_pool_backward_torchvision": (rc.psroi_pool_backward, {"convention": "torchvision"}),
-    "roi_align_backward": (rc.roi_align_backward, {}),
-    "ps_roi_align_backward": (rc.ps_roi_align_backward, {}),
-}
-
 # the conventions table and rules type each operator takes
-_RULES = {
-    "roi_pool_max": (MAX_POOL, "MaxPoolRules"),
-    "roi_pool_backward_max": (MAX_POOL, "MaxPoolRules"),
-    "roi_pool_bilinear": (BILINEAR_POOL, "BilinearPoolRules"),
-    "roi_pool_backward_bilinear": (BILINEAR_POOL, "BilinearPoolRules"),
-    "roi_pool_nearest": (BILINEAR_POOL, "BilinearPoolRules"),
-    "roi_pool_backward_nearest": (BILINEAR_POOL, "BilinearPoolRules"),
-    "psroi_pool": (PSROI_POOL, "PSRoIPoolRules"),
-    "psroi_pool_backward": (PSROI_POOL, "PSRoIPoolRules"),
-    "psroi_pool_torchvision": (PSROI_POOL, "PSRoIPoolRules"),
-    "psroi_pool_backward_torchvision": (PSROI_POOL, "PSRoIPoolRules"),
-    "roi_align": (ROI_ALIGN, "RoIAlignRules"),
-    "roi_align_backward": (ROI_ALIGN, "RoIAlignRules"),
-    "ps_roi_align": (PSROI_ALIGN, "PSRoIAlignRules"),
-    "ps_roi_align_backward": (PSROI_ALIGN, "PSRoIAlignRules"),
-}
+_RULES = {op: (v.method.conventions, v.method.rules_type.__name__) for op, (_, _, v) in _FN.items()}
 
 
 def crop(op):
     """Whether op samples like crop_and_resize (normalised boxes)."""
-    return op.endswith(("bilinear", "nearest"))
+    return _FN[op][2].method.normalised_boxes
 
 
 def default_boxes(op):
@@ -84,7 +67,7 @@ def default_boxes(op):
 
 
 def position_sensitive(op):
-    return op.startswith(("psroi", "ps_roi"))
+    return _FN[op][2].operator.position_sensitive
 
 
 def out_channels(op):
@@ -100,7 +83,7 @@ def call(op, *, x=None, boxes=None, output_size=PS, spatial_scale=1.0, grad=None
     (default: ones of the forward output's shape) and ``input_shape`` (default X.shape).
     roi_pool_backward(method='max') gets an all -1 argmax unless one is passed.
     """
-    fn, extra = _FN[op]
+    fn, extra, _ = _FN[op]
     if boxes is None:
         boxes = default_boxes(op)
     kwargs = {**extra, **kw}

@@ -7,8 +7,39 @@ import numpy as np
 from . import F32, F64, Call, keep_boxes
 from . import Harness as Base
 
-# operator -> MXNet's name for it (the adapter uses the same names)
+# operator -> MXNet's name for it (the adapter uses the same names), and its parameters for a
+# case pooling to PH x PW
 NAMES = {"roi_pool": "ROIPooling", "psroi_pool": "PSROIPooling", "roi_align": "ROIAlign"}
+PARAMS = {
+    "roi_pool": lambda c, PH, PW: dict(pooled_size=(PH, PW), spatial_scale=c["spatial_scale"]),
+    "psroi_pool": lambda c, PH, PW: dict(spatial_scale=c["spatial_scale"], pooled_size=PH,
+                                         output_dim=c["x"].shape[1] // (PH * PW), group_size=PH),
+    "roi_align": lambda c, PH, PW: dict(pooled_size=(PH, PW), spatial_scale=c["spatial_scale"],
+                                        sample_ratio=c["sampling_ratio"], aligned=c["aligned"]),
+}
+
+
+
+def _square_only(case):
+    if case["output_size"][0] != case["output_size"][1]:
+        raise ValueError("MXNet PSROIPooling takes a square pooled_size")
+    return case, None
+
+
+def _no_empty_aligned_boxes(case):
+    if not case["aligned"]:
+        return case, None
+    r, s = case["rois"], case["spatial_scale"]
+    ok = np.ones(len(r), bool)
+    for dt in (np.float32, np.float64):   # size as MXNet computes it, in both dtypes
+        rr, ss = r.astype(dt), dt(np.float32(s))
+        ok &= (rr[:, 3] * ss - rr[:, 1] * ss > 0) & (rr[:, 4] * ss - rr[:, 2] * ss > 0)
+    ok &= ((r[:, 3] - r[:, 1]) * s > 1e-4) & ((r[:, 4] - r[:, 2]) * s > 1e-4)
+    return keep_boxes(case, ok, "aligned ROIAlign box of size <= 0 aborts MXNet")
+
+
+# what each native op cannot take (Harness.restrict)
+QUIRKS = {"psroi_pool": _square_only, "roi_align": _no_empty_aligned_boxes}
 
 
 class Harness(Base):
@@ -27,37 +58,16 @@ class Harness(Base):
         self.version = mx.__version__
 
     def restrict(self, case):
-        if case["op"] == "psroi_pool" and case["output_size"][0] != case["output_size"][1]:
-            raise ValueError("MXNet PSROIPooling takes a square pooled_size")
-        if case["op"] == "roi_align" and case["aligned"]:
-            r, s = case["rois"], case["spatial_scale"]
-            ok = np.ones(len(r), bool)
-            for dt in (np.float32, np.float64):   # size as MXNet computes it, in both dtypes
-                rr, ss = r.astype(dt), dt(np.float32(s))
-                ok &= (rr[:, 3] * ss - rr[:, 1] * ss > 0) & (rr[:, 4] * ss - rr[:, 2] * ss > 0)
-            ok &= ((r[:, 3] - r[:, 1]) * s > 1e-4) & ((r[:, 4] - r[:, 2]) * s > 1e-4)
-            return keep_boxes(case, ok, "aligned ROIAlign box of size <= 0 aborts MXNet")
-        return case, None
+        quirk = QUIRKS.get(case["op"])
+        return quirk(case) if quirk else (case, None)
 
     def inputs(self, case, dtype, dy):
         nd = self.mx.nd
         return dict(x=nd.array(case["x"], dtype=dtype), rois=nd.array(case["rois"].astype(dtype), dtype=dtype),
                     dy=nd.array(dy, dtype=dtype))
 
-    @staticmethod
-    def _params(case):
-        PH, PW = case["output_size"]
-        s = case["spatial_scale"]
-        if case["op"] == "roi_pool":
-            return dict(pooled_size=(PH, PW), spatial_scale=s)
-        if case["op"] == "psroi_pool":
-            return dict(spatial_scale=s, output_dim=case["x"].shape[1] // (PH * PW),
-                        pooled_size=PH, group_size=PH)
-        return dict(pooled_size=(PH, PW), spatial_scale=s, sample_ratio=case["sampling_ratio"],
-                    aligned=case["aligned"])
-
     def _bind(self, fn, case, inputs, **extra):
-        rois, kw = inputs["rois"], self._params(case)
+        rois, kw = inputs["rois"], PARAMS[case["op"]](case, *case["output_size"])
         return Call(lambda x: fn(x, rois, **kw, **extra), inputs["x"], inputs["dy"])
 
     def native(self, case, inputs):

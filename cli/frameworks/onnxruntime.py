@@ -30,31 +30,40 @@ class Harness(Base):
         inputs["batch"] = inputs["batch"].astype(np.int64)
         return inputs
 
+    # each operator's one-node graph: (node, declared inputs besides X, their values)
+    @staticmethod
+    def _max_roi_pool(helper, tp, case, inputs, PH, PW):
+        R = helper.make_tensor_value_info("rois", tp.FLOAT, list(inputs["rois"].shape))
+        node = helper.make_node("MaxRoiPool", ["X", "rois"], ["Y"], pooled_shape=[PH, PW],
+                                spatial_scale=float(case["spatial_scale"]))
+        return node, [R], {"rois": inputs["rois"]}
+
+    @staticmethod
+    def _roi_align(helper, tp, case, inputs, PH, PW):
+        K = len(inputs["boxes"])
+        R = helper.make_tensor_value_info("rois", tp.FLOAT, [K, 4])
+        B = helper.make_tensor_value_info("bi", tp.INT64, [K])
+        mode = "half_pixel" if case["aligned"] else "output_half_pixel"
+        node = helper.make_node("RoiAlign", ["X", "rois", "bi"], ["Y"], mode="avg",
+                                output_height=PH, output_width=PW,
+                                sampling_ratio=case["sampling_ratio"],
+                                spatial_scale=float(case["spatial_scale"]),
+                                coordinate_transformation_mode=mode)
+        return node, [R, B], {"rois": inputs["boxes"], "bi": inputs["batch"]}
+
+    NODES = {"roi_pool": _max_roi_pool, "roi_align": _roi_align}
+
     def native(self, case, inputs):
         from onnx import TensorProto, helper
-        op, x = case["op"], inputs["x"]
-        PH, PW = case["output_size"]
-        s = float(case["spatial_scale"])
+        build = self.NODES.get(case["op"])
+        if build is None:
+            return super().native(case, inputs)
+        x = inputs["x"]
         X = helper.make_tensor_value_info("X", TensorProto.FLOAT, list(x.shape))
         Y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)
-        if op == "roi_pool":
-            R = helper.make_tensor_value_info("rois", TensorProto.FLOAT, list(inputs["rois"].shape))
-            node = helper.make_node("MaxRoiPool", ["X", "rois"], ["Y"], pooled_shape=[PH, PW],
-                                    spatial_scale=s)
-            declared, feed = [X, R], {"rois": inputs["rois"]}
-        elif op == "roi_align":
-            K = len(inputs["boxes"])
-            R = helper.make_tensor_value_info("rois", TensorProto.FLOAT, [K, 4])
-            B = helper.make_tensor_value_info("bi", TensorProto.INT64, [K])
-            mode = "half_pixel" if case["aligned"] else "output_half_pixel"
-            node = helper.make_node("RoiAlign", ["X", "rois", "bi"], ["Y"], mode="avg",
-                                    output_height=PH, output_width=PW,
-                                    sampling_ratio=case["sampling_ratio"], spatial_scale=s,
-                                    coordinate_transformation_mode=mode)
-            declared, feed = [X, R, B], {"rois": inputs["boxes"], "bi": inputs["batch"]}
-        else:
-            return super().native(case, inputs)
-        graph = helper.make_graph([node], "roi", declared, [Y])
+        node, declared, feed = build.__func__(helper, TensorProto, case, inputs,
+                                              *case["output_size"])
+        graph = helper.make_graph([node], "roi", [X] + declared, [Y])
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
         model.ir_version = 8
         session = self.ort.InferenceSession(model.SerializeToString(), self.options,

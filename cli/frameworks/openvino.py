@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import F32, Call, float32_arrays
+from roicore.core import operators
+
+from . import F32, Call, Unsupported, float32_arrays
 from . import Harness as Base
 
 
@@ -35,39 +37,50 @@ class Harness(Base):
     def inputs(self, case, dtype, dy):
         return float32_arrays(case, dtype, "OpenVINO's CPU plugin")
 
+    # the plugin's node for each operator: (node, extra parameters, their inputs) from the
+    # map's parameter, the case and its arrays
+    def _roi_align(self, data, case, inputs, PH, PW):
+        o1 = self.opset1
+        r = o1.parameter(list(inputs["boxes"].shape), np.float32)
+        bi = o1.parameter(list(inputs["batch"].shape), np.int32)
+        mode = "half_pixel_for_nn" if case["aligned"] else "asymmetric"
+        node = self.opset9.roi_align(data, r, bi, PH, PW, case["sampling_ratio"],
+                                     case["spatial_scale"], "avg", mode)
+        return node, [r, bi], [inputs["boxes"], inputs["batch"]]
+
+    def _roi_pooling(self, data, case, inputs, PH, PW):
+        method = operators.variant(case["op"]).method.name
+        if method not in ("max", "bilinear"):
+            raise Unsupported(f"OpenVINO's ROIPooling has no method {method!r}")
+        r = self.opset1.parameter(list(inputs["rois"].shape), np.float32)
+        node = self.opset2.roi_pooling(data, r, output_roi=[PH, PW],
+                                       spatial_scale=case["spatial_scale"], method=method)
+        return node, [r], [inputs["rois"]]
+
+    def _psroi_pooling(self, data, case, inputs, PH, PW):
+        o1 = self.opset1
+        r = o1.parameter(list(inputs["rois"].shape), np.float32)
+        node = o1.psroi_pooling(data, r, case["x"].shape[1] // (PH * PW), PH,
+                                case["spatial_scale"], 1, 1, "average")
+        return node, [r], [inputs["rois"]]
+
+    NODES = {"roi_align": _roi_align, "roi_pool": _roi_pooling, "psroi_pool": _psroi_pooling}
+
     def native(self, case, inputs):
-        o1, op = self.opset1, case["op"]
-        PH, PW = case["output_size"]
-        s = case["spatial_scale"]
+        build = self.NODES.get(operators.variant(case["op"]).operator.name)
+        if build is None:
+            return super().native(case, inputs)
         x = inputs["x"]
-        data = o1.parameter(list(x.shape), np.float32)
-        if op == "roi_align":
-            r = o1.parameter(list(inputs["boxes"].shape), np.float32)
-            bi = o1.parameter(list(inputs["batch"].shape), np.int32)
-            mode = "half_pixel_for_nn" if case["aligned"] else "asymmetric"
-            node = self.opset9.roi_align(data, r, bi, PH, PW, case["sampling_ratio"], s, "avg",
-                                         mode)
-            params, feed = [data, r, bi], [inputs["boxes"], inputs["batch"]]
-        else:
-            r = o1.parameter(list(inputs["rois"].shape), np.float32)
-            if op in ("roi_pool", "roi_pool_bilinear"):
-                method = "bilinear" if op == "roi_pool_bilinear" else "max"
-                node = self.opset2.roi_pooling(data, r, output_roi=[PH, PW], spatial_scale=s,
-                                               method=method)
-            elif op == "psroi_pool":
-                node = o1.psroi_pooling(data, r, x.shape[1] // (PH * PW), PH, s, 1, 1, "average")
-            else:
-                return super().native(case, inputs)
-            params, feed = [data, r], [inputs["rois"]]
-        request = self.core.compile_model(self.ov.Model([node], params), "CPU",
+        data = self.opset1.parameter(list(x.shape), np.float32)
+        node, params, feed = build(self, data, case, inputs, *case["output_size"])
+        request = self.core.compile_model(self.ov.Model([node], [data] + params), "CPU",
                                           self.config).create_infer_request()
         return Call(lambda x: request.infer([x] + feed)[0], x)
 
     def roicore(self, case, inputs, layout="NCHW"):
-        op = case["op"]
-        if op not in ("roi_pool", "roi_pool_bilinear"):
+        if case["op"] not in self.parity_claims:
             return super().roicore(case, inputs)
-        method = "bilinear" if op == "roi_pool_bilinear" else "max"
+        v = operators.variant(case["op"])
         rois, size, s = inputs["rois"], case["output_size"], case["spatial_scale"]
-        return Call(lambda x: self.rc.roi_pool(x, rois, size, s, method=method,
-                                               convention="openvino_cpu"), inputs["x"])
+        return Call(lambda x: v.forward(x, rois, size, s, convention="openvino_cpu")[0],
+                    inputs["x"])

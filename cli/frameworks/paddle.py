@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from roicore.core import operators
+
 from . import F32, F64, Call, Unsupported, boxes_per_image, keep_boxes
 from . import Harness as Base
 
@@ -43,9 +45,8 @@ class Harness(Base):
         if case["op"] not in OPS:
             raise Unsupported(f"paddle has no {case['op']}")
         fn = getattr(module, case["op"])
-        kw = {}
-        if case["op"] == "roi_align":
-            kw = dict(sampling_ratio=case["sampling_ratio"], aligned=case["aligned"])
+        kw = operators.variant(case["op"]).options(sampling_ratio=case["sampling_ratio"],
+                                                   aligned=case["aligned"])
         args = (inputs["boxes"], inputs["boxes_num"], case["output_size"], case["spatial_scale"])
         return Call(lambda x: fn(x, *args, **kw, **extra), inputs["x"], inputs["dy"])
 

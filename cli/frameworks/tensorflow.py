@@ -1,7 +1,7 @@
 """TensorFlow: ``tf.image.crop_and_resize`` against ``roicore.adapters.tf``.
 
-TensorFlow has no RoI operator of its own.  Bilinear RoI pooling is ``crop_and_resize``
-itself; for RoI max pooling the bench times the usual stand-in, ``crop_and_resize`` to
+TensorFlow has no RoI operator of its own.  Bilinear and nearest RoI pooling are
+``crop_and_resize`` itself; for RoI max pooling the bench times the usual stand-in, ``crop_and_resize`` to
 2P x 2P followed by a 2x2 max pool (not the same numbers, so parity does not compare it).
 """
 from __future__ import annotations
@@ -10,6 +10,8 @@ import os
 import tempfile
 
 import numpy as np
+
+from roicore.core import operators
 
 from . import F32, Call, Unsupported
 from . import Harness as Base
@@ -20,11 +22,12 @@ CROP_LIMIT = float(os.environ.get("ROICORE_BENCH_TF_CROP_LIMIT_GB", "1")) * 2**3
 
 class Harness(Base):
     name = "tensorflow"
-    parity_claims = {"roi_pool_bilinear": (F32,)}
+    parity_claims = {"roi_pool_bilinear": (F32,), "roi_pool_nearest": (F32,)}
     layouts = ("NCHW", "NHWC")
-    native_text = ("roi_pool_bilinear: crop_and_resize; roi_pool: its usual approximation, "
-                   "crop_and_resize to 2P x 2P + 2x2 max-pool (both NHWC)")
-    parity_text = "tf.image.crop_and_resize vs roicore.adapters.tf roi_pool(method='bilinear')"
+    native_text = ("roi_pool_bilinear, roi_pool_nearest: crop_and_resize; roi_pool: its usual "
+                   "approximation, crop_and_resize to 2P x 2P + 2x2 max-pool (all NHWC)")
+    parity_text = ("tf.image.crop_and_resize (bilinear, nearest) vs roicore.adapters.tf "
+                   "roi_pool(method='bilinear', 'nearest')")
     training_modes = ("eager", "tf.function", "SavedModel")
 
     def __init__(self, threads=None):
@@ -61,15 +64,15 @@ class Harness(Base):
                     layout)
 
     def native(self, case, inputs):
-        tf, op, size = self.tf, case["op"], list(case["output_size"])
+        tf, v, size = self.tf, operators.variant(case["op"]), list(case["output_size"])
         boxes, bi = inputs["boxes"], inputs["box_indices"]
         if inputs["dtype"] != F32:
             raise Unsupported(f"crop_and_resize computes in float32 only, not {inputs['dtype']}")
-        if op == "roi_pool_bilinear":
-            return self._call(lambda x: tf.image.crop_and_resize(x, boxes, bi, size,
-                                                                 extrapolation_value=0.0),
-                              inputs, "NHWC")
-        if op != "roi_pool":
+        if v.operator.name == "roi_pool" and v.method.normalised_boxes:   # crop_and_resize itself
+            return self._call(lambda x: tf.image.crop_and_resize(
+                x, boxes, bi, size, method=v.method.name, extrapolation_value=0.0),
+                inputs, "NHWC")
+        if v.name != "roi_pool":   # max pooling: crop_and_resize and max_pool2d stand in
             return super().native(case, inputs)
         N, C, H, W = case["x"].shape
         PH, PW = size
@@ -93,18 +96,17 @@ class Harness(Base):
         return self._call(stand_in, inputs, "NHWC")
 
     def roicore(self, case, inputs, layout="NCHW"):
-        op, A = case["op"], self.adapter
+        v = operators.variant(case["op"])
+        fn = getattr(self.adapter, v.operator.name, None)
+        if fn is None:
+            raise Unsupported(f"roicore.adapters.tf has no {v.operator.name}")
         args = (inputs["boxes"], inputs["box_indices"], case["output_size"])
-        kw = dict(data_format=layout, n_threads=self.threads)
-        if op == "roi_pool_bilinear":
-            kw["method"] = "bilinear"   # boxes normalised, spatial_scale 1
-        elif op in ("roi_pool", "psroi_pool", "roi_align"):
+        if not v.method.normalised_boxes:  # the crops' boxes are normalised: no scale
             args += (case["spatial_scale"],)
-            if op == "roi_align":
-                kw.update(sampling_ratio=case["sampling_ratio"], aligned=case["aligned"])
-        else:
-            raise Unsupported(f"roicore.adapters.tf has no {op}")
-        fn = getattr(A, "roi_pool" if op == "roi_pool_bilinear" else op)
+        kw = dict(data_format=layout, n_threads=self.threads,
+                  **v.options(sampling_ratio=case["sampling_ratio"], aligned=case["aligned"]))
+        if v.method.name:
+            kw["method"] = v.method.name
         return self._call(lambda x: fn(x, *args, **kw), inputs, layout)
 
     def forward_backward(self, call):
@@ -159,4 +161,5 @@ class Harness(Base):
         c = self.adapter.CONVENTIONS
         return {"roi_pool": c["roi_pool/max"], "roi_pool/saving": c["roi_pool/max"],
                 "roi_pool/backward": c["roi_pool/max"], "roi_align": c["roi_align"],
-                "psroi_pool": c["psroi_pool"], "roi_pool_bilinear": c["roi_pool/bilinear"]}
+                "psroi_pool": c["psroi_pool"], "roi_pool_bilinear": c["roi_pool/bilinear"],
+                "roi_pool_nearest": c["roi_pool/nearest"]}

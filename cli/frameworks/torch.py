@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from roicore.core import operators
+
 from . import F32, F64, Call, Unsupported, keep_boxes
 from . import Harness as Base
 
@@ -50,11 +52,9 @@ class Harness(Base):
             raise Unsupported(f"torchvision has no {case['op']}")
         fn = getattr(module, name)
         args = (inputs["rois"], case["output_size"], case["spatial_scale"])
-        if case["op"] == "roi_align":
-            args += (case["sampling_ratio"], case["aligned"])
-        elif case["op"] == "ps_roi_align":
-            args += (case["sampling_ratio"],)
-        return Call(lambda x: fn(x, *args, **extra), inputs["x"], inputs["dy"])
+        kw = dict(extra, **operators.variant(case["op"]).options(
+            sampling_ratio=case["sampling_ratio"], aligned=case["aligned"]))
+        return Call(lambda x: fn(x, *args, **kw), inputs["x"], inputs["dy"])
 
     def native(self, case, inputs):
         return self._bind(self.ops, case, inputs)

@@ -15,19 +15,23 @@ NATIVES = {"paddle": {"roi_pool", "roi_align", "psroi_pool"},
            "mxnet": {"roi_pool", "roi_align", "psroi_pool"},
            "openvino": {"roi_pool", "roi_align", "psroi_pool", "roi_pool_bilinear"},
            "onnxruntime": {"roi_pool", "roi_align"},
-           "tensorflow": {"roi_pool", "roi_pool_bilinear"},
+           "tensorflow": {"roi_pool", "roi_pool_bilinear", "roi_pool_nearest"},
            "torch": {"roi_pool", "roi_align", "psroi_pool", "ps_roi_align"}}
 ADAPTERS = {"paddle": {"roi_pool", "roi_align", "psroi_pool"},
             "mxnet": {"roi_pool", "roi_align", "psroi_pool"},
-            "tensorflow": {"roi_pool", "roi_align", "psroi_pool", "roi_pool_bilinear"},
+            "tensorflow": {"roi_pool", "roi_align", "psroi_pool", "roi_pool_bilinear",
+                           "roi_pool_nearest"},
             "torch": {"roi_pool", "roi_align", "psroi_pool", "ps_roi_align"}}
-QUICK_WORKLOADS = {"train_b2": ("roi_pool", "roi_align", "roi_pool_bilinear"),
-                   "rfcn_psroi": ("psroi_pool", "ps_roi_align")}
+# every operator of the table, on the workload of its kind
+QUICK_WORKLOADS = {"train_b2": None, "rfcn_psroi": None}
 
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     """One quick run of every framework, in every output format: (proc, report, paths)."""
+    from roicore.cli import workloads
+    for wl in QUICK_WORKLOADS:
+        QUICK_WORKLOADS[wl] = workloads.OPS_FOR[workloads.WORKLOADS[wl][6]]
     d = tmp_path_factory.mktemp("bench")
     paths = {k: d / f"b.{k}" for k in ("json", "md", "csv", "png")}
     args = ["bench", "--quick", "--repeats", "2", "--workloads", ",".join(QUICK_WORKLOADS),
@@ -200,8 +204,9 @@ def test_bench_times_every_convention_of_roicore_core(wide):
     proc, report = wide
     core = {(r["operator"], r["dtype"], r["direction"], r["convention"]): r
             for r in report["results"] if r["framework"] == "roicore"}
-    default = {"roi_pool": "mxnet", "roi_align": "mxnet", "roi_pool_bilinear": "tensorflow"}
-    for op in ("roi_pool", "roi_align", "roi_pool_bilinear"):
+    default = {"roi_pool": "mxnet", "roi_align": "mxnet", "roi_pool_bilinear": "tensorflow",
+               "roi_pool_nearest": "tensorflow"}
+    for op in default:
         for dtype in ("float32", "float64"):
             for d in ("forward", "fwd+bwd"):
                 for conv in CONVENTIONS[op]:
@@ -233,8 +238,9 @@ def test_bench_float64_rows_and_their_ratio_to_float32(wide):
     rows = {(r["framework"], r["kind"], r["variant"], r["operator"], r["dtype"], r["direction"]): r
             for r in report["results"]}
     lines = table_lines(proc.stdout, "roicore.core in float64 against float32")
-    assert len(lines) == 1 + 3 * 2
-    for op in ("roi_pool", "roi_align", "roi_pool_bilinear"):
+    ops = ("roi_pool", "roi_pool_bilinear", "roi_pool_nearest", "roi_align")
+    assert len(lines) == 1 + len(ops) * 2
+    for op in ops:
         for d in ("forward", "fwd+bwd"):
             a, b = (rows[("roicore", "core", "", op, dt, d)] for dt in ("float32", "float64"))
             ratios = [y / x for x, y in zip(a["times_ms"], b["times_ms"])]

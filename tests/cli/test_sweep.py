@@ -5,12 +5,15 @@ import pytest
 
 from cli_run import flat, report_of, roicore
 
-SWEEP_KEYS = {(wl, op, d)
-              for wl, wl_ops in (("fastrcnn_vgg16", ("roi_pool", "roi_align", "roi_pool_bilinear")),
-                                 ("train_b2", ("roi_pool", "roi_align", "roi_pool_bilinear")),
-                                 ("rfcn_psroi", ("psroi_pool", "ps_roi_align")),
-                                 ("c4_14x14", ("roi_pool", "roi_align", "roi_pool_bilinear")))
-              for op in wl_ops for d in ("forward", "fwd+bwd")}
+def _sweep_keys():
+    """(workload, operator, direction) of every row a sweep of every workload gives: each
+    operator of the table on the workloads of its kind."""
+    from roicore.cli import workloads
+    return {(wl, op, d) for wl, spec in workloads.WORKLOADS.items()
+            for op in workloads.OPS_FOR[spec[6]] for d in ("forward", "fwd+bwd")}
+
+
+SWEEP_KEYS = _sweep_keys()
 
 
 def sweep_run(tmp_path, *args):
