@@ -14,6 +14,7 @@ CFLAGS and LDFLAGS apply to the library, the binding and the OpenMP probe alike.
 The sources need GCC or Clang (vector extensions, pthreads); the version is the C API's
 (ROICORE_VERSION_STRING in roicore.h), so the package and the library never disagree.
 """
+import concurrent.futures
 import glob
 import os
 import re
@@ -105,8 +106,12 @@ class BuildExt(build_ext):
         lib_dir, include_dir = self._library_dirs(self.build_lib)
         os.makedirs(lib_dir, exist_ok=True)
         os.makedirs(include_dir, exist_ok=True)
-        objects = self.compiler.compile(C_SOURCES, output_dir=self.build_temp,
-                                        extra_postargs=c_flags + compile_omp)
+        # one compiler per source, in parallel (the kernels' AVX2 clones take a while each)
+        with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            objects = [o for objs in pool.map(
+                lambda src: self.compiler.compile([src], output_dir=self.build_temp,
+                                                  extra_postargs=c_flags + compile_omp),
+                C_SOURCES) for o in objs]
         self.compiler.create_static_lib(objects, "roicore", output_dir=lib_dir)
         shutil.copy(PUBLIC_HEADER, os.path.join(include_dir, "roicore.h"))
 

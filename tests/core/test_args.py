@@ -80,3 +80,34 @@ def test_public_names():
                  "boxes_from_yx", "empty", "ALIGNMENT", "rules_codes"):
         assert name in args.__all__
     assert rc.args is args
+
+
+@pytest.mark.parametrize("rules_type", ["MaxPoolRules", "BilinearPoolRules", "PSRoIPoolRules",
+                                        "RoIAlignRules", "PSRoIAlignRules"])
+def test_stored_rules_arrays_and_the_dataclasses_agree(rules_type):
+    """A rules array stored by a native op (a saved graph) may stop before the fields with
+    defaults; the C API then fills in the defaults, which must be the dataclass's own, and
+    it knows as many fields as the dataclass has."""
+    import dataclasses
+
+    from roicore.core import _binding, conventions
+    cls = getattr(conventions, rules_type)
+    fields = dataclasses.fields(cls)
+    known, required = _binding.RULES_FIELDS[rules_type]
+    assert known == len(fields)
+    assert required == sum(f.default is dataclasses.MISSING for f in fields)
+    table = {"MaxPoolRules": conventions.MAX_POOL, "BilinearPoolRules": conventions.BILINEAR_POOL,
+             "PSRoIPoolRules": conventions.PSROI_POOL, "RoIAlignRules": conventions.ROI_ALIGN,
+             "PSRoIAlignRules": conventions.PSROI_ALIGN}[rules_type]
+    for rules in table.values():
+        codes = args.rules_codes(rules)
+        assert _binding.rules_from_codes(rules_type, codes) == codes
+        # the same rules with every defaulted field at its default, stored without them
+        defaulted = dataclasses.replace(rules, **{f.name: f.default for f in fields[required:]})
+        assert _binding.rules_from_codes(rules_type, codes[:required]) == \
+            args.rules_codes(defaulted)
+    with pytest.raises(ValueError, match="newer roicore"):
+        _binding.rules_from_codes(rules_type, codes + (0,))
+    if required > 1:
+        with pytest.raises(ValueError, match=f"needs at least {required} fields"):
+            _binding.rules_from_codes(rules_type, codes[:required - 1])

@@ -12,6 +12,7 @@ import fuzz_core  # noqa: E402
 FAILED_ONCE = []  # seeds that exposed a bug, kept forever
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", list(range(400)) + FAILED_ONCE)
 def test_fuzz_case(seed):
     outcome = fuzz_core.run_case(seed)

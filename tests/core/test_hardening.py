@@ -56,6 +56,7 @@ def test_forked_child_computes_after_the_parent_ran_threads():
 
 
 @needs_openmp
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_multiprocessing_pools_after_the_parent_ran_threads(tmp_path, method):
     script = tmp_path / "pool.py"
@@ -77,6 +78,7 @@ def test_multiprocessing_pools_after_the_parent_ran_threads(tmp_path, method):
 # memory: scratch bounded by the output, the input's blocked copy and a few buffers; a
 # limit on any one allocation
 
+@pytest.mark.slow
 @pytest.mark.skipif(not pathlib.Path("/proc/self/clear_refs").exists(),
                     reason="peak memory is read from Linux's /proc")
 @pytest.mark.parametrize("case", ["large boxes", "many boxes", "huge output_size",
@@ -139,6 +141,7 @@ def test_set_memory_limit_validates():
 # interruptible work: Ctrl-C was ignored until the call finished (at output size 1024,
 # about 1.4 h per box and channel)
 
+@pytest.mark.slow
 def test_ctrl_c_stops_a_long_call_within_a_second():
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import time, numpy as np, roicore.core as rc
@@ -241,6 +244,7 @@ def test_out_overlapping_the_boxes_is_refused(op):
 
 
 @needs_openmp
+@pytest.mark.slow
 def test_a_thread_limit_lowers_the_team_instead_of_exiting():
     """libgomp printed "Thread creation failed" and exited the process (status 1) when the
     address space could not hold the stacks of the team asked for."""

@@ -583,6 +583,7 @@ def test_roi_pool_max_large_cases(dtype, convention, kind):
     assert_same(am, am_ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("convention", sorted(ROI_ALIGN))
 @pytest.mark.parametrize("aligned", [False, True])
@@ -597,6 +598,7 @@ def test_roi_align_large_case(dtype, convention, aligned):
     assert_same(dx, ref.roi_align_backward(g, boxes, batch, x.shape, *args, ROI_ALIGN[convention]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("convention", sorted(ROI_ALIGN))
 def test_roi_align_whole_channel_blocks_and_tail(dtype, convention):
@@ -664,6 +666,7 @@ def test_psroi_pool_many_output_channels(dtype, group, D):
     assert_same(dx, ref.psroi_pool_backward(g, boxes, batch, x.shape, 2, 1 / 16, rules, group))
 
 
+@pytest.mark.slow
 def test_large_outputs_have_the_same_bits_as_small_ones():
     """Outputs of 8 MiB or more are written with non-temporal stores through a staging
     buffer, each task's block streamed out during the thread's next task (RoIAlign, and max
@@ -694,6 +697,7 @@ def test_large_outputs_have_the_same_bits_as_small_ones():
         assert_same(am, np.concatenate([s[1] for s in small]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("sampling_ratio", [-1, 2])
 def test_torchvision_position_sensitive_large_case(dtype, sampling_ratio):
@@ -715,6 +719,7 @@ def test_torchvision_position_sensitive_large_case(dtype, sampling_ratio):
                                               sampling_ratio, rules))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_psroi_and_bilinear_large_case(dtype):
     x, boxes, batch = _large_case(dtype, 3, channels=2 * 12)
