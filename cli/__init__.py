@@ -26,10 +26,11 @@ import sys
 __all__ = ["main"]
 
 PARITY_EPILOG = """\
-exit status: 0 when every adapter is bit-identical to its native op (and the golden values
-hold), 1 when one departs or a framework's worker fails, 2 on bad usage (bad arguments or
-an unreadable --inputs file).  Frameworks that are not installed are skipped and named
-with their import error.
+exit status: 0 when at least one row compared and every adapter is bit-identical to its
+native op (and the golden values hold); 1 when one departs, a framework's worker fails, a
+framework asked for is not installed (the report gives the command that installs it;
+--allow-missing accepts that), or nothing was compared; 2 on bad usage (bad arguments or an
+unreadable --inputs file).
 
 """
 
@@ -77,9 +78,9 @@ def _parser():
         epilog=PARITY_EPILOG + INPUT_KEYS, formatter_class=argparse.RawDescriptionHelpFormatter)
     from .parity import FRAMEWORKS as PARITY_FRAMEWORKS
     pp.add_argument("--frameworks", metavar="LIST",
-                    help=f"comma-separated: {','.join(PARITY_FRAMEWORKS)} (default: all)")
+                    help=f"comma-separated, from: {', '.join(PARITY_FRAMEWORKS)} (default: all)")
     pp.add_argument("--ops", metavar="LIST",
-                    help=f"comma-separated: {','.join(OPS)} (default: all)")
+                    help=f"comma-separated, from: {', '.join(OPS)} (default: all)")
     pp.add_argument("--dtypes", metavar="LIST", help="float32,float64 (default: both)")
     pp.add_argument("--cases", type=int, default=12, metavar="N",
                     help="seeded random cases per operator (default: 12)")
@@ -89,6 +90,9 @@ def _parser():
     pp.add_argument("--json", metavar="FILE", help="also write a machine-readable report ('-': stdout)")
     pp.add_argument("--no-conventions", action="store_true",
                     help="skip the table comparing roicore's conventions with one another")
+    pp.add_argument("--allow-missing", action="store_true",
+                    help="a framework that is not installed is not a failure (for CI matrices "
+                         "that install some frameworks); at least one row must still compare")
     pp.add_argument("--no-training", action="store_true",
                     help="skip the training runs (a convolution trained through each op, native "
                          "and roicore's, compared step by step)")
@@ -102,16 +106,16 @@ def _parser():
                     "median of --repeats rounds, the same thread count for every contender.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=BENCH_EPILOG)
     pb.add_argument("--workloads", metavar="LIST",
-                    help=f"comma-separated: {','.join(WORKLOADS)} (default: all)")
+                    help=f"comma-separated, from: {', '.join(WORKLOADS)} (default: all)")
     pb.add_argument("--ops", metavar="LIST",
-                    help=f"comma-separated: {','.join(BENCH_OPS)} (default: all that fit "
+                    help=f"comma-separated, from: {', '.join(BENCH_OPS)} (default: all that fit "
                          "each workload)")
     pb.add_argument("--frameworks", metavar="LIST",
-                    help=f"comma-separated: {','.join(FRAMEWORKS)} (default: all)")
+                    help=f"comma-separated, from: {', '.join(FRAMEWORKS)} (default: all)")
     pb.add_argument("--directions", metavar="LIST", default=",".join(DIRECTIONS),
                     help="forward,fwd+bwd (default: both)")
     pb.add_argument("--dtypes", metavar="LIST", default=DTYPES[0],
-                    help=f"comma-separated: {','.join(DTYPES)} (default: {DTYPES[0]}); each "
+                    help=f"comma-separated, from: {', '.join(DTYPES)} (default: {DTYPES[0]}); each "
                          "contender runs in those of them it supports")
     pb.add_argument("--conventions", metavar="all|LIST",
                     help="also time roicore.core under each of these conventions of each "

@@ -25,7 +25,13 @@ def main(argv):
             from ._bench_worker import BenchState, source
             src = source(framework, msg["threads"])
         except ImportError as e:
-            return dict(skipped=error_text(e))
+            # the framework not installed: a skip the report names with its install command;
+            # any other import error is a broken installation, a failure
+            from .frameworks import harness_class, missing_module
+            if missing_module(e, framework) is None:
+                import traceback
+                return dict(error=error_text(e), traceback=traceback.format_exc())
+            return dict(skipped=error_text(e), install=harness_class(framework).install)
         state["bench"] = BenchState(src, msg["threads"], msg.get("cache_per_run", False))
         return dict(version=src.version)
 

@@ -25,12 +25,13 @@ def _run_framework(fw, cases, dtypes, out, training=()):
     w = Worker("parity", fw)
     try:
         init = w.request(dict(cmd="init", threads=None))
-        if "skipped" in init:
-            out[fw] = dict(status="skipped", reason=init["skipped"])
-            log(f"{fw}: skipped ({init['skipped']})")
+        if "skipped" in init:   # not installed
+            out[fw] = dict(status="skipped", reason=init["skipped"], install=init["install"])
+            log(f"{fw}: not installed ({init['skipped']})")
             return
         if "error" in init:
-            out[fw] = dict(status="failed", reason=init["error"])
+            out[fw] = dict(status="failed",
+                           reason=init["error"] + "\n" + init.get("traceback", ""))
             return
         log(f"{fw} {init['version']}: running")
         results = {}
@@ -295,10 +296,13 @@ def print_report(report, inputs_mode):
     for name, info in fw.items():
         if info["status"] == "ran":
             print(f"  {name} {info['version']}: {harness_class(name).parity_text}")
+        elif info["status"] == "skipped":
+            print(f"  {name}: NOT INSTALLED ({info['reason'].strip().splitlines()[0]}); "
+                  f"install it with: {info['install']}")
         else:
             reason = info["reason"].strip().splitlines()
-            print(f"  {name}: {info['status'].upper()}: {reason[0] if reason else ''}")
-            for extra in reason[1:6] if info["status"] == "failed" else []:
+            print(f"  {name}: FAILED: {reason[0] if reason else ''}")
+            for extra in reason[1:6]:
                 print(f"      {extra}")
     if report.get("golden"):
         g = report["golden"]
@@ -335,8 +339,33 @@ def print_report(report, inputs_mode):
         print(table(head, rows, "ll" + "rrr" * len(dts)))
         print("(out/grad: mismatching output/gradient elements; max|diff| inf: NaN on one side only)")
     print()
-    print(f"result: {'OK, every adapter is bit-identical to its native op' if report['ok'] else 'FAILED'}"
-          f" ({report['seconds']:.1f} s)")
+    print(f"result: {report['verdict']} ({report['seconds']:.1f} s)")
+
+
+def _verdict(rows, trained, fw_info, golden, allow_missing):
+    """``(ok, the report's last line)``: OK only when at least one row compared something,
+    every row and training run is exact, no framework failed, the golden values hold and,
+    unless ``allow_missing``, every framework asked for was installed."""
+    compared = [r for r in rows if r["cases"]]
+    problems = []
+    departed = [r for r in rows + trained if not r["ok"]]
+    if departed:
+        problems.append(f"{len(departed)} row(s) depart from their native op")
+    failed = [n for n, i in fw_info.items() if i["status"] == "failed"]
+    if failed:
+        problems.append(f"{', '.join(failed)} failed")
+    missing = [n for n, i in fw_info.items() if i["status"] == "skipped"]
+    if missing and not allow_missing:
+        problems.append(f"not installed: {', '.join(missing)} (--allow-missing accepts that)")
+    if not all(g["ok"] for g in golden):
+        problems.append("golden values do not hold")
+    if not compared:
+        problems.append("no row compared anything")
+    if problems:
+        return False, "FAILED: " + "; ".join(problems)
+    what = f"{len(compared)} row(s) compared" + (f", {len(trained)} training run(s)"
+                                                  if trained else "")
+    return True, f"OK, {what}; every adapter is bit-identical to its native op"
 
 
 # ----------------------------------------------------------------------------- entry
@@ -382,10 +411,8 @@ def run(args):
             trained += [_training_row(fw, r) for r in info["training"]]
     order = {op: i for i, op in enumerate(K.OPS)}
     rows.sort(key=lambda r: (order[r["operator"]], frameworks.index(r["framework"]), r["dtype"]))
-    ok = (all(r["ok"] for r in rows + trained)
-          and all(i["status"] != "failed" for i in fw_info.values())
-          and all(g["ok"] for g in golden))
-    report = dict(command="parity", ok=ok, seconds=time.monotonic() - t0,
+    ok, verdict = _verdict(rows, trained, fw_info, golden, args.allow_missing)
+    report = dict(command="parity", ok=ok, verdict=verdict, seconds=time.monotonic() - t0,
                   environment=environment(), frameworks=fw_info, results=rows,
                   training=trained, conventions=conv, golden=golden)
     if inputs_mode:

@@ -24,6 +24,21 @@ F32, F64 = "float32", "float64"
 NAMES = ("paddle", "mxnet", "tensorflow", "openvino", "onnxruntime", "torch")
 
 
+def missing_module(exc, name):
+    """The module of framework ``name`` that ``exc`` (an ImportError, or one it was raised
+    from) says is not installed, or None when the import failed for another reason."""
+    if name not in NAMES:   # roicore itself: never a missing framework
+        return None
+    requires = harness_class(name).requires
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] in requires:
+            return exc.name.split(".")[0]
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def harness_class(name):
     """The Harness class of framework ``name`` (its module imports no framework)."""
     if name not in NAMES:
@@ -72,6 +87,10 @@ class Harness:
     parity_text = ""
     # the modes :meth:`train` runs its head in (parity's training rows; none: no head)
     training_modes = ()
+    # the modules whose absence means the framework is not installed (a failure to import
+    # anything else is a broken installation), and the command that installs them
+    requires: tuple = ()
+    install = ""
 
     def __init__(self, threads=None):
         """Import the framework; ``threads`` None leaves its thread count at its default."""

@@ -44,6 +44,8 @@ QUIRKS = {"psroi_pool": _square_only, "roi_align": _no_empty_aligned_boxes}
 
 class Harness(Base):
     name = "mxnet"
+    requires = ("mxnet",)
+    install = 'pip install "roicore[mxnet]"'
     parity_claims = {op: (F32, F64) for op in NAMES}
     native_text = "mx.nd ROIPooling / contrib.ROIAlign / contrib.PSROIPooling"
     parity_text = ("mx.nd ROIPooling / contrib.PSROIPooling / contrib.ROIAlign vs "

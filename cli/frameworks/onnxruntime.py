@@ -10,6 +10,8 @@ from . import Harness as Base
 
 class Harness(Base):
     name = "onnxruntime"
+    requires = ("onnxruntime", "onnx")
+    install = 'pip install "roicore[oracles]"'
     differentiable = False
     has_adapter = False
     native_text = "CPUExecutionProvider MaxRoiPool / RoiAlign (opset 16)"

@@ -15,6 +15,8 @@ from . import Harness as Base
 
 class Harness(Base):
     name = "openvino"
+    requires = ("openvino",)
+    install = 'pip install "roicore[oracles]"'
     parity_claims = {"roi_pool": (F32,), "roi_pool_bilinear": (F32,)}
     differentiable = False
     has_adapter = False

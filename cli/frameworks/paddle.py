@@ -13,6 +13,8 @@ OPS = ("roi_pool", "psroi_pool", "roi_align")
 
 class Harness(Base):
     name = "paddle"
+    requires = ("paddle",)
+    install = 'pip install "roicore[paddle]"'
     parity_claims = {op: (F32, F64) for op in OPS}
     native_text = "paddle.vision.ops roi_pool / roi_align / psroi_pool"
     parity_text = "paddle.vision.ops roi_pool / psroi_pool / roi_align vs roicore.adapters.paddle"

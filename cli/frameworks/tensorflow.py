@@ -22,6 +22,8 @@ CROP_LIMIT = float(os.environ.get("ROICORE_BENCH_TF_CROP_LIMIT_GB", "1")) * 2**3
 
 class Harness(Base):
     name = "tensorflow"
+    requires = ("tensorflow",)
+    install = 'pip install "roicore[tf]"'
     parity_claims = {"roi_pool_bilinear": (F32,), "roi_pool_nearest": (F32,)}
     layouts = ("NCHW", "NHWC")
     native_text = ("roi_pool_bilinear, roi_pool_nearest: crop_and_resize; roi_pool: its usual "

@@ -16,6 +16,8 @@ FUNCTIONS = {"roi_pool": "roi_pool", "roi_align": "roi_align", "psroi_pool": "ps
 
 class Harness(Base):
     name = "torch"
+    requires = ("torch", "torchvision")
+    install = 'pip install "roicore[torch]" torchvision'
     parity_claims = {op: (F32, F64) for op in FUNCTIONS}
     native_text = "torchvision.ops roi_pool / roi_align / ps_roi_pool / ps_roi_align"
     parity_text = ("torchvision.ops roi_pool / roi_align / ps_roi_pool / ps_roi_align vs "

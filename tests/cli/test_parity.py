@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from cli_run import check_skips, roicore
+from frameworks import framework_installed
 
 
 @pytest.fixture(scope="module")
@@ -100,12 +101,16 @@ def test_parity_inputs_file(tmp_path):
     # float64 input: frameworks that only claim float32 say why they were not compared
     np.savez(f, x=x.astype(np.float64), rois=np.hstack([np.zeros((6, 1)), boxes]),
              spatial_scale=0.0625)
+    # (so nothing was compared: a failure, not an OK)
     proc = roicore("parity", "--inputs", str(f), "--json", str(out), "--frameworks", "openvino",
                    "--no-conventions")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     if report["frameworks"]["openvino"]["status"] == "ran":
         assert all(r["cases"] == 0 and r["skipped"] for r in report["results"])
+        assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert proc.stdout.strip().splitlines()[-1].startswith(
+            "result: FAILED: no row compared anything")
+        assert "openvino is compared in float32 only" in proc.stdout
 
 
 @pytest.mark.parametrize("fault", ["paddle", "openvino:roi_pool"])
@@ -132,3 +137,57 @@ def test_parity_fails_when_an_adapter_departs(fault, tmp_path):
     assert bool(trained) == (fw != "openvino")
     if trained:
         assert "DEPARTS at step 1" in proc.stdout
+
+
+def _stand_ins(directory, error, names=("paddle", "mxnet", "tensorflow", "openvino",
+                                         "onnxruntime", "torch")):
+    """Packages that shadow the frameworks on PYTHONPATH and raise ``error`` (a format with
+    {name}) on import: "not installed", or an installation that is broken."""
+    for name in names:
+        (directory / name).mkdir(parents=True)
+        (directory / name / "__init__.py").write_text(f"raise {error.format(name=name)}\n")
+    return {"PYTHONPATH": str(directory)}
+
+
+def test_parity_without_frameworks_fails_and_says_how_to_install_them(tmp_path):
+    env = _stand_ins(tmp_path, "ModuleNotFoundError(\"No module named '{name}'\", name='{name}')")
+    args = ("parity", "--cases", "0", "--no-conventions", "--no-training",
+            "--json", str(tmp_path / "r.json"))
+    proc = roicore(*args, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("result: FAILED: not installed: paddle, mxnet, tensorflow, openvino, "
+                           "torch") and "no row compared anything" in last, last
+    for install in ('pip install "roicore[paddle]"', 'pip install "roicore[mxnet]"',
+                    'pip install "roicore[tf]"', 'pip install "roicore[oracles]"',
+                    'pip install "roicore[torch]" torchvision'):
+        assert install in proc.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert not report["ok"] and {i["status"] for i in report["frameworks"].values()} == {"skipped"}
+    # --allow-missing forgives the missing frameworks, not an empty comparison
+    proc = roicore(*args, "--allow-missing", env=env)
+    last = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 1 and last.startswith("result: FAILED: no row compared anything")
+
+
+def test_parity_fails_when_a_framework_is_installed_but_broken(tmp_path):
+    """An import error that is not the framework's absence (a missing shared library, a
+    broken roicore) is a failure with its traceback, never a skip."""
+    env = _stand_ins(tmp_path, "ImportError('libfoo.so: cannot open shared object file')",
+                     names=("tensorflow",))
+    proc = roicore("parity", "--frameworks", "tensorflow", "--cases", "0", "--no-conventions",
+                   env=env)
+    assert proc.returncode == 1
+    assert "tensorflow: FAILED: ImportError: libfoo.so: cannot open shared object file" in \
+        proc.stdout, proc.stdout
+    assert "result: FAILED: tensorflow failed" in proc.stdout
+
+
+def test_parity_ok_names_what_it_compared(tmp_path):
+    proc = roicore("parity", "--frameworks", "torch", "--ops", "roi_align", "--dtypes", "float32",
+                   "--cases", "0", "--no-conventions", "--no-training")
+    if "NOT INSTALLED" in proc.stdout:
+        framework_installed("torch", "the parity row needs torch")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1].startswith(
+        "result: OK, 1 row(s) compared; every adapter is bit-identical to its native op")
