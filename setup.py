@@ -162,9 +162,10 @@ def extensions():
 
 setup(
     version=_version(),
-    package_dir={"roicore.core": "core", "roicore.adapters": "adapters", "roicore.cli": "cli"},
-    packages=["roicore.core", "roicore.adapters", "roicore.adapters.native", "roicore.cli",
-              "roicore.cli.frameworks"],
+    package_dir={"roicore": "package", "roicore.core": "core", "roicore.adapters": "adapters",
+                 "roicore.cli": "cli"},
+    packages=["roicore", "roicore.core", "roicore.adapters", "roicore.adapters.native",
+              "roicore.cli", "roicore.cli.frameworks"],
     # the native op libraries are compiled on the user's machine, from these sources
     package_data={"roicore.adapters.native": ["*.cc", "*.h"]},
     ext_modules=extensions(),

@@ -12,7 +12,7 @@ def main(wheel, sdist):
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.startswith("roicore/core/_binding") and n.endswith(".so") for n in names), names
     assert any(n.startswith("roicore/cli/_bandwidth") and n.endswith(".so") for n in names), names
-    for needed in ("roicore/core/ops.py", "roicore/adapters/__init__.py",
+    for needed in ("roicore/__init__.py", "roicore/core/ops.py", "roicore/adapters/__init__.py",
                    "roicore/cli/frameworks/__init__.py", "roicore/core/include/roicore.h",
                    "roicore/core/lib/libroicore.a", "roicore/adapters/native/build.py",
                    "roicore/adapters/native/tf_ops.cc"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -266,3 +267,27 @@ def test_tables_are_distinct_where_frameworks_differ():
 def test_conventions_module_exports():
     for name in conventions.__all__:
         assert hasattr(conventions, name), name
+
+
+def test_roicore_is_a_regular_package_with_a_version():
+    import roicore
+    assert roicore.__file__ is not None          # not a namespace package
+    assert roicore.__version__ == rc.__version__ == rc._binding.VERSION
+
+
+def test_a_roicore_folder_in_the_working_directory_does_not_shadow_it(tmp_path):
+    """A clone of the repository is a folder named roicore/ holding core/: run from the
+    folder that holds it, Python must still import the installed package."""
+    import roicore
+    checkout = pathlib.Path(__file__).resolve().parents[2]
+    if pathlib.Path(roicore.__file__).resolve().is_relative_to(checkout):
+        pytest.skip("an editable install: its finder comes after a folder in the working "
+                    "directory (CI installs the wheel, where this runs)")
+    (tmp_path / "roicore" / "core").mkdir(parents=True)
+    (tmp_path / "roicore" / "core" / "__init__.py").write_text(
+        "raise ImportError('the clone was imported instead of the installed package')\n")
+    code = "import roicore.core as rc; print(rc.__version__, rc.roi_pool.__module__)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [rc.__version__, "roicore.core.ops"]
