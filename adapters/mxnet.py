@@ -100,6 +100,11 @@ import roicore.core as core
 from ._common import off_host, require
 
 __all__ = ["ROIPooling", "PSROIPooling", "ROIAlign"]
+# MXNet's names of roicore.core's arguments, for messages
+NAMES = {"x": "data", "boxes": "rois", "grad_output": "out_grad"}
+# what every call of roicore.core passes: MXNet's arithmetic and names, and masked rows (a
+# negative batch index: GluonCV's padded proposals)
+_CORE = dict(convention="mxnet", names=NAMES, masked=True)
 
 
 # ------------------------------------------------------------------------------ import
@@ -379,39 +384,36 @@ def _parse(value):
 # argmax (MXNet's maxidx, needed by its backward only).  Rows whose batch index is negative
 # are masked (masked=True): output 0, maxidx -1, no gradient.
 def _roi_pool_forward(p, x, rois, out=None, argmax=True):
-    res = core.roi_pool(x, rois, p["pooled_size"], p["spatial_scale"], convention="mxnet",
-                        return_argmax=argmax, masked=True, n_threads=p["n_threads"], out=out)
+    res = core.roi_pool(x, rois, p["pooled_size"], p["spatial_scale"], return_argmax=argmax,
+                        n_threads=p["n_threads"], out=out, **_CORE)
     return res if argmax else (res,)
 
 
 def _roi_pool_backward(p, dy, rois, x_shape, outputs, out=None):
-    return core.roi_pool_backward(dy, rois, x_shape, p["spatial_scale"], convention="mxnet",
-                                  argmax=outputs[1], masked=True, n_threads=p["n_threads"],
-                                  out=out)
+    return core.roi_pool_backward(dy, rois, x_shape, p["spatial_scale"], argmax=outputs[1],
+                                  n_threads=p["n_threads"], out=out, **_CORE)
 
 
 def _psroi_forward(p, x, rois, out=None, argmax=True):
     return (core.psroi_pool(x, rois, p["pooled_size"], p["spatial_scale"],
                             output_channels=p["output_dim"], group_size=p["group_size"] or None,
-                            convention="mxnet", masked=True, n_threads=p["n_threads"], out=out),)
+                            n_threads=p["n_threads"], out=out, **_CORE),)
 
 
 def _psroi_backward(p, dy, rois, x_shape, outputs, out=None):
     return core.psroi_pool_backward(dy, rois, x_shape, p["spatial_scale"],
-                                    group_size=p["group_size"] or None, convention="mxnet",
-                                    masked=True, n_threads=p["n_threads"], out=out)
+                                    group_size=p["group_size"] or None, n_threads=p["n_threads"],
+                                    out=out, **_CORE)
 
 
 def _align_forward(p, x, rois, out=None, argmax=True):
     return (core.roi_align(x, rois, p["pooled_size"], p["spatial_scale"], p["sample_ratio"],
-                           p["aligned"], convention="mxnet", masked=True, n_threads=p["n_threads"],
-                           out=out),)
+                           p["aligned"], n_threads=p["n_threads"], out=out, **_CORE),)
 
 
 def _align_backward(p, dy, rois, x_shape, outputs, out=None):
     return core.roi_align_backward(dy, rois, x_shape, p["spatial_scale"], p["sample_ratio"],
-                                   p["aligned"], convention="mxnet", masked=True,
-                                   n_threads=p["n_threads"], out=out)
+                                   p["aligned"], n_threads=p["n_threads"], out=out, **_CORE)
 
 
 _OPS = {

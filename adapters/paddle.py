@@ -50,7 +50,9 @@ placed on a GPU raises a ValueError from the operator ("compute on the CPU").
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
+import re
 import warnings
 
 import numpy as np
@@ -210,35 +212,39 @@ def _check_places(op, **tensors):
     return on_host
 
 
-def _check_tensors(op, x, boxes, boxes_num):
-    """Checks of what every mode knows before running: types, ranks, dtypes."""
-    _check_tensor(x, "x", op)
-    _check_tensor(boxes, "boxes", op)
+def _check_tensors(op, x, boxes, boxes_num, n):
+    """Checks of what every mode knows before running: types, ranks, dtypes (``n``: the
+    caller's names of x, boxes and boxes_num)."""
+    _check_tensor(x, n("x"), op)
+    _check_tensor(boxes, n("boxes"), op)
     x_shape, boxes_shape, dtype = x.shape, boxes.shape, x.dtype
     if len(x_shape) != 4:
-        raise ValueError(f"{op}: x must be a 4-D [N, C, H, W] tensor, got shape {list(x_shape)}")
+        raise ValueError(f"{op}: {n('x')} must be a 4-D [N, C, H, W] tensor, got shape "
+                         f"{list(x_shape)}")
     if dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{op}: x must be float32 or float64, got {_dtype_name(x)}")
+        raise TypeError(f"{op}: {n('x')} must be float32 or float64, got {_dtype_name(x)}")
     if len(boxes_shape) != 2 or boxes_shape[1] not in (4, -1):
-        raise ValueError(f"{op}: boxes must be a 2-D [num_boxes, 4] tensor of [x1, y1, x2, y2] "
-                         f"rows, got shape {list(boxes_shape)}")
+        raise ValueError(f"{op}: {n('boxes')} must be a 2-D [num_boxes, 4] tensor of [x1, y1, "
+                         f"x2, y2] rows, got shape {list(boxes_shape)}")
     if boxes.dtype != dtype:
-        raise TypeError(f"{op}: boxes must have the dtype of x ({_dtype_name(x)}), got "
-                        f"{_dtype_name(boxes)}")
+        raise TypeError(f"{op}: {n('boxes')} must have the dtype of {n('x')} "
+                        f"({_dtype_name(x)}), got {_dtype_name(boxes)}")
     if boxes_num is None:
-        raise ValueError(f"{op}: boxes_num is required (the number of boxes of each image)")
-    _check_tensor(boxes_num, "boxes_num", op)
+        raise ValueError(f"{op}: {n('boxes_num')} is required (the number of boxes of each "
+                         "image)")
+    _check_tensor(boxes_num, n("boxes_num"), op)
     if boxes_num.dtype not in _COUNT_DTYPES:
-        raise TypeError(f"{op}: boxes_num must be int32 or int64, got {_dtype_name(boxes_num)}")
+        raise TypeError(f"{op}: {n('boxes_num')} must be int32 or int64, got "
+                        f"{_dtype_name(boxes_num)}")
     if len(boxes_num.shape) != 1:
-        raise ValueError(f"{op}: boxes_num must be 1-D (one count per image), got shape "
+        raise ValueError(f"{op}: {n('boxes_num')} must be 1-D (one count per image), got shape "
                          f"{list(boxes_num.shape)}")
 
 
-def _native_route(op, x, boxes, boxes_num, out_per_box):
+def _native_route(op, x, boxes, boxes_num, out_per_box, n):
     """Check the tensors; True to compute with the operators, False for the NumPy path.
     ``out_per_box``: output elements per box."""
-    _check_tensors(op, x, boxes, boxes_num)
+    _check_tensors(op, x, boxes, boxes_num, n)
     if paddle.in_dynamic_mode():
         on_host = _check_places(op, x=x, boxes=boxes, boxes_num=boxes_num)
         # Large outputs take the NumPy path: roicore.core reuses freed outputs of that size,
@@ -252,11 +258,12 @@ def _native_route(op, x, boxes, boxes_num, out_per_box):
     return True
 
 
-def _numpy_inputs(op, x, boxes, boxes_num):
+def _numpy_inputs(op, x, boxes, boxes_num, n):
     """The NumPy path's boxes and batch indices (boxes_num checked here)."""
     try:
         # a copy of the few counts (numpy()) costs less than a DLPack view of them
-        batch = args.batch_from_counts(boxes_num.numpy(), boxes.shape[0], x.shape[0])
+        batch = args.batch_from_counts(boxes_num.numpy(), boxes.shape[0], x.shape[0],
+                                       n("boxes_num"))
     except (TypeError, ValueError) as exc:
         raise type(exc)(f"{op}: {exc}") from None
     return _to_numpy(boxes), batch
@@ -277,6 +284,31 @@ def _attrs(op, output_size, spatial_scale, n_threads):
         return ph, pw, scale, 0
     core.effective_n_threads(n_threads)  # checks it
     return ph, pw, scale, int(n_threads)
+
+
+# --------------------------------------------------------------------------- messages
+
+_PADDLE_MESSAGE = re.compile(r"(\(\w+\) )?(\w+: )?(.*)", re.DOTALL)
+
+
+def _in_callers_words(fn):
+    """``fn`` (one of the shared functions below, with ``op`` and ``names``) with every
+    error it raises, from its own checks, roicore.core's or the operators', starting with
+    ``op: `` and naming the caller's arguments (the legacy API's ``input``, ``rois``...).
+    Paddle's own prefix of an operator's error, such as ``(InvalidArgument)``, stays."""
+    @functools.wraps(fn)
+    def worded(*a, op=fn.__name__.lstrip("_"), names=None, **kw):
+        try:
+            return fn(*a, op=op, names=names, **kw)
+        except (TypeError, ValueError) as exc:
+            kind, prefix, rest = _PADDLE_MESSAGE.match(str(exc)).groups()
+            if prefix not in (None, f"{op}: "):   # another op's message: not ours to word
+                raise
+            message = f"{kind or ''}{op}: {args.Names(names).reword(rest)}"
+            if message == str(exc):
+                raise
+            raise type(exc)(message) from None
+    return worded
 
 
 # --------------------------------------------------------------------------- autograd
@@ -348,12 +380,15 @@ class _RoIAlignFn(PyLayer):
 # --------------------------------------------------------------------------- computations
 # Shared with the legacy API: checked tensors and arguments in, either path out.
 
+@_in_callers_words
 def _roi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, *, n_threads=None,
-              op="roi_pool", return_argmax=False):
+              op="roi_pool", return_argmax=False, names=None):
     """out, or (out, argmax) with ``return_argmax``: argmax is int64 ``h*W + w`` per plane, -1
-    for empty bins, as Paddle's ``Argmax`` output (used by the legacy fluid API)."""
+    for empty bins, as Paddle's ``Argmax`` output (used by the legacy fluid API).  ``names``:
+    the caller's names of x, boxes and boxes_num (the legacy API's: input, rois, rois_num)."""
+    n = args.Names(names)
     ph, pw, scale, threads = _attrs(op, output_size, spatial_scale, n_threads)
-    if _native_route(op, x, boxes, boxes_num, x.shape[1] * ph * pw):
+    if _native_route(op, x, boxes, boxes_num, x.shape[1] * ph * pw, n):
         with_argmax = return_argmax or _needs_grad(x)
         out, argmax = _run("roi_pool", {"X": x, "Boxes": boxes, "BoxesNum": boxes_num},
                            {"rules": _RULES["roi_pool"], "pooled_height": ph,
@@ -361,7 +396,7 @@ def _roi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, *, n_threads=
                             "with_argmax": with_argmax, "n_threads": threads},
                            ("Out", "Argmax"))
         return (out, argmax) if return_argmax else out
-    b, batch = _numpy_inputs(op, x, boxes, boxes_num)
+    b, batch = _numpy_inputs(op, x, boxes, boxes_num, n)
     if _needs_grad(x):
         return _RoIPoolFn.apply(x, b, batch, (ph, pw), scale, n_threads, return_argmax)
     res = core.roi_pool(_to_numpy(x), b, (ph, pw), scale, batch_indices=batch,
@@ -371,16 +406,24 @@ def _roi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, *, n_threads=
     return _to_paddle(res, x.place)
 
 
+@_in_callers_words
 def _psroi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, output_channels=None, *,
-                n_threads=None, op="psroi_pool"):
+                n_threads=None, op="psroi_pool", names=None):
     """PS-RoI pooling; ``output_channels`` None takes C / (h * w)."""
+    n = args.Names(names)
     ph, pw, scale, threads = _attrs(op, output_size, spatial_scale, n_threads)
-    if _native_route(op, x, boxes, boxes_num, x.shape[1]):
+    route = _native_route(op, x, boxes, boxes_num, x.shape[1], n)
+    if x.shape[1] >= 0:  # known (always but in some static programs): checked in our names
+        try:
+            args.ps_channels((ph, pw), None, x.shape[1], output_channels, n("x"))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{op}: {exc}") from None
+    if route:
         return _run("psroi_pool", {"X": x, "Boxes": boxes, "BoxesNum": boxes_num},
                     {"rules": _RULES["psroi_pool"], "pooled_height": ph, "pooled_width": pw,
                      "output_channels": -1 if output_channels is None else output_channels,
                      "spatial_scale": scale, "n_threads": threads})[0]
-    b, batch = _numpy_inputs(op, x, boxes, boxes_num)
+    b, batch = _numpy_inputs(op, x, boxes, boxes_num, n)
     if _needs_grad(x):
         return _PSRoIPoolFn.apply(x, b, batch, (ph, pw), scale, output_channels, n_threads)
     return _to_paddle(core.psroi_pool(_to_numpy(x), b, (ph, pw), scale,
@@ -388,17 +431,19 @@ def _psroi_pool(x, boxes, boxes_num, output_size, spatial_scale=1.0, output_chan
                                       convention=CONVENTION, n_threads=n_threads), x.place)
 
 
+@_in_callers_words
 def _roi_align(x, boxes, boxes_num, output_size, spatial_scale, sampling_ratio, aligned, *,
-               n_threads=None, op="roi_align"):
+               n_threads=None, op="roi_align", names=None):
+    n = args.Names(names)
     ph, pw, scale, threads = _attrs(op, output_size, spatial_scale, n_threads)
     sampling_ratio = args.sampling_ratio(sampling_ratio)
     aligned = args.flag(aligned, "aligned")
-    if _native_route(op, x, boxes, boxes_num, x.shape[1] * ph * pw):
+    if _native_route(op, x, boxes, boxes_num, x.shape[1] * ph * pw, n):
         return _run("roi_align", {"X": x, "Boxes": boxes, "BoxesNum": boxes_num},
                     {"rules": _RULES["roi_align"], "pooled_height": ph, "pooled_width": pw,
                      "spatial_scale": scale, "sampling_ratio": sampling_ratio,
                      "aligned": aligned, "n_threads": threads})[0]
-    b, batch = _numpy_inputs(op, x, boxes, boxes_num)
+    b, batch = _numpy_inputs(op, x, boxes, boxes_num, n)
     if _needs_grad(x):
         return _RoIAlignFn.apply(x, b, batch, (ph, pw), scale, sampling_ratio, aligned,
                                  n_threads)

@@ -32,16 +32,26 @@ import numbers
 
 import numpy as np
 
+from roicore.core import args
+
 from ._common import require
 from . import paddle as _modern
 
 paddle = require("paddle", "paddle_legacy")
 
-__all__ = ["roi_pool", "psroi_pool"]
+__all__ = ["roi_pool", "psroi_pool", "roi_align"]
 
 
-def _counts(op, rois, rois_num, lod):
-    """boxes-per-image tensor from rois_num and/or LoD lengths."""
+# fluid's names of the modern functions' arguments, for messages
+_NAMES = {"x": "input", "boxes": "rois", "boxes_num": "rois_num"}
+
+
+def _counts(op, input, rois, rois_num, lod):
+    """``(boxes-per-image tensor, names)`` from rois_num and/or LoD lengths; LoD lengths are
+    checked against the boxes and images here, in the LoD's own terms, and so are eager
+    ``rois_num`` (the operators would name them ``boxes_num``)."""
+    _modern._check_tensor(input, "input", op)
+    _modern._check_tensor(rois, "rois", op)
     if lod is not None:
         levels = lod
         if isinstance(levels, (list, tuple)) and levels and isinstance(levels[0], (list, tuple)):
@@ -57,6 +67,14 @@ def _counts(op, rois, rois_num, lod):
         if lengths.ndim != 1 or (lengths.size and lengths.dtype.kind not in "iu"):
             raise TypeError(f"{op}: lod must be a list of per-image lengths (ints) such as "
                             f"[[3, 2]], got {lod!r}")
+        names = dict(_NAMES, boxes_num="lod")
+        k = rois.shape[0] if len(rois.shape) == 2 else -1
+        n_images = input.shape[0] if len(input.shape) == 4 else -1
+        if k >= 0 and n_images >= 0:   # known: their sum and count checked in the LoD's terms
+            try:
+                args.batch_from_counts(lengths.astype(np.int64), k, n_images, name="lod")
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"{op}: {exc}") from None
         lod_counts = paddle.to_tensor(lengths.astype(np.int64))
         if rois_num is not None:
             _modern._check_tensor(rois_num, "rois_num", op)
@@ -68,12 +86,21 @@ def _counts(op, rois, rois_num, lod):
             if given.shape != lengths.shape or not np.array_equal(given, lengths):
                 raise ValueError(f"{op}: rois_num {given.tolist()} and the LoD lengths "
                                  f"{lengths.tolist()} must be the same")
-        return lod_counts
+        return lod_counts, names
     if rois_num is None:
         raise ValueError(f"{op}: rois needs its image mapping: pass rois_num= (boxes per "
                          "image) or lod= (LoD lengths such as [[3, 2]]); Paddle 3 dygraph "
                          "tensors carry no LoD")
-    return rois_num
+    _modern._check_tensor(rois_num, "rois_num", op)
+    if (paddle.in_dynamic_mode() and rois_num.dtype in _modern._COUNT_DTYPES
+            and len(rois_num.shape) == 1 and len(rois.shape) == 2 and len(input.shape) == 4):
+        _modern._check_places(op, rois_num=rois_num)
+        try:
+            args.batch_from_counts(_modern._to_numpy(rois_num), rois.shape[0], input.shape[0],
+                                   name="rois_num")
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{op}: {exc}") from None
+    return rois_num, _NAMES
 
 
 def _int(value, name, op):
@@ -146,9 +173,9 @@ def roi_pool(input, rois, pooled_height=1, pooled_width=1, spatial_scale=1.0, ro
     op = "roi_pool"
     ph = _int(pooled_height, "pooled_height", op)
     pw = _int(pooled_width, "pooled_width", op)
-    counts = _counts(op, rois, rois_num, lod)
+    counts, names = _counts(op, input, rois, rois_num, lod)
     return _modern._roi_pool(input, rois, counts, (ph, pw), spatial_scale, n_threads=n_threads,
-                             op=op, return_argmax=bool(return_argmax))
+                             op=op, return_argmax=bool(return_argmax), names=names)
 
 
 @_modern._graph_ready
@@ -210,6 +237,66 @@ def psroi_pool(input, rois, output_channels, spatial_scale, pooled_height, poole
     d = _int(output_channels, "output_channels", op)
     ph = _int(pooled_height, "pooled_height", op)
     pw = _int(pooled_width, "pooled_width", op)
-    counts = _counts(op, rois, rois_num, lod)
+    counts, names = _counts(op, input, rois, rois_num, lod)
     return _modern._psroi_pool(input, rois, counts, (ph, pw), spatial_scale, d,
-                               n_threads=n_threads, op=op)
+                               n_threads=n_threads, op=op, names=names)
+
+
+@_modern._graph_ready
+def roi_align(input, rois, pooled_height=1, pooled_width=1, spatial_scale=1.0, sampling_ratio=-1,
+              rois_num=None, name=None, *, lod=None, aligned=False, n_threads=None):
+    """RoIAlign with the signature of fluid's ``paddle.fluid.layers.roi_align``.
+
+    Computes what ``paddle.vision.ops.roi_align`` computes with the same ``aligned``, bit
+    for bit, with the gradient to ``input``; see :func:`roicore.adapters.paddle.roi_align`.
+
+    Args:
+        input (Tensor): Input feature, a 4-D Tensor of shape [N, C, H, W], float32 or
+            float64.
+        rois (Tensor): RoIs to pool over, a 2-D Tensor of shape [num_rois, 4] and the data
+            type of ``input``, given as [[x1, y1, x2, y2], ...], grouped by image in image
+            order.
+        pooled_height (int, optional): The pooled output height.  Default: 1.
+        pooled_width (int, optional): The pooled output width.  Default: 1.
+        spatial_scale (float, optional): Multiplicative spatial scale factor that maps RoI
+            coordinates to feature-map coordinates.  Default: 1.0.
+        sampling_ratio (int, optional): Samples per bin and axis; -1 or 0 adapts to the bin
+            size.  Default: -1.
+        rois_num (Tensor|None, optional): The number of RoIs of each image, a 1-D int32 or
+            int64 Tensor of shape [N] summing to num_rois.  Give ``rois_num`` or ``lod``.
+            Default: None.
+        name (str|None, optional): Accepted for signature compatibility and unused.
+            Default: None.
+        lod (list|None, optional): Keyword-only.  The LoD of ``rois`` as per-image lengths,
+            as in :func:`roi_pool`.  Default: None.
+        aligned (bool, optional): Keyword-only.  Shift the boxes by -0.5 pixel (no minimum
+            size).  Default: False, as fluid's operator (``paddle.vision.ops.roi_align``
+            defaults to True).
+        n_threads (int|None, optional): Keyword-only.  OpenMP threads of the computation;
+            results never depend on it.  Default: None.
+
+    Returns:
+        Tensor: The pooled feature, [num_rois, C, pooled_height, pooled_width] with the data
+        type of ``input``.
+
+    Differences from fluid: the image of each RoI comes from ``rois_num`` or ``lod`` (Paddle
+    3 dygraph tensors carry no LoD), and it is required.
+
+    Examples:
+        .. code-block:: pycon
+
+            >>> import paddle
+            >>> from roicore.adapters.paddle_legacy import roi_align
+
+            >>> x = paddle.arange(16, dtype='float32').reshape([1, 1, 4, 4])
+            >>> rois = paddle.to_tensor([[0.0, 0.0, 2.0, 2.0]])
+            >>> print(roi_align(x, rois, 1, 1, sampling_ratio=2, lod=[[1]]).numpy().ravel())
+            [5.]
+    """
+    op = "roi_align"
+    ph = _int(pooled_height, "pooled_height", op)
+    pw = _int(pooled_width, "pooled_width", op)
+    counts, names = _counts(op, input, rois, rois_num, lod)
+    return _modern._roi_align(input, rois, counts, (ph, pw), spatial_scale, sampling_ratio,
+                              aligned, n_threads=n_threads, op=op, names=names)
+

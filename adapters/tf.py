@@ -108,6 +108,8 @@ CONVENTIONS = {
     "psroi_pool": conventions.PSROI_POOL["mxnet"],
     "roi_align": conventions.ROI_ALIGN["mxnet"],
 }
+# TensorFlow's names of roicore.core's arguments, for messages
+NAMES = {"x": "images", "batch_indices": "box_indices"}
 _FLOATS = (tf.float16, tf.float32, tf.float64)
 _FORMATS = ("NHWC", "NCHW")
 
@@ -369,21 +371,21 @@ def _roi_pool(images, boxes, box_indices, out_hw, spatial_scale, method,
 
         def forward(x, b, i, argmax):
             xyxy, i = _tf_numpy.xyxy(b, i, x.shape[0])
-            return core.roi_pool(x, xyxy, out_hw, batch_indices=i, method=method,
-                                 convention=rules, extrapolation_value=extrapolation_value,
+            return core.roi_pool(x, xyxy, out_hw, batch_indices=i, method=method, convention=rules,
+                                 names=NAMES, extrapolation_value=extrapolation_value,
                                  n_threads=n_threads)
 
         def backward(dy, b, i, shape):
             xyxy, i = _tf_numpy.xyxy(b, i, shape[0])
             return core.roi_pool_backward(dy, xyxy, tuple(shape), batch_indices=i,
-                                          method=method, convention=rules,
+                                          method=method, convention=rules, names=NAMES,
                                           n_threads=n_threads)
 
         def boxes_backward(dy, x, b, i):
             xyxy, i = _tf_numpy.xyxy(b, i, x.shape[0])
             d = core.roi_pool_boxes_backward(dy, x, xyxy, batch_indices=i,
                                              convention=CONVENTIONS["roi_pool/bilinear"],
-                                             n_threads=n_threads)
+                                             names=NAMES, n_threads=n_threads)
             return d[:, [1, 0, 3, 2]]
 
         native = _Native("RoicoreCropAndResize", dict(
@@ -397,7 +399,7 @@ def _roi_pool(images, boxes, box_indices, out_hw, spatial_scale, method,
     def forward(x, b, i, with_argmax):
         xyxy, i = _tf_numpy.xyxy(b, i, x.shape[0])
         res = core.roi_pool(x, xyxy, out_hw, spatial_scale, batch_indices=i, method="max",
-                            convention=_MAX_RULES, return_argmax=with_argmax,
+                            convention=_MAX_RULES, names=NAMES, return_argmax=with_argmax,
                             n_threads=n_threads)
         if not with_argmax:
             return res
@@ -410,8 +412,8 @@ def _roi_pool(images, boxes, box_indices, out_hw, spatial_scale, method,
     def backward(dy, b, i, shape, argmax):
         xyxy, i = _tf_numpy.xyxy(b, i, shape[0])
         return core.roi_pool_backward(dy, xyxy, tuple(shape), spatial_scale, batch_indices=i,
-                                      method="max", convention=_MAX_RULES, argmax=argmax,
-                                      n_threads=n_threads)
+                                      method="max", convention=_MAX_RULES, names=NAMES,
+                                      argmax=argmax, n_threads=n_threads)
 
     native = _Native("RoicoreRoiPoolMax", dict(
         pooled_height=out_hw[0], pooled_width=out_hw[1],
@@ -467,13 +469,13 @@ def psroi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, outpu
         xyxy, i = _tf_numpy.xyxy(b, i, x.shape[0])
         return core.psroi_pool(x, xyxy, out_hw, spatial_scale, output_channels=output_channels,
                                group_size=group_size, batch_indices=i, convention=rules,
-                               n_threads=n_threads)
+                               names=NAMES, n_threads=n_threads)
 
     def backward(dy, b, i, shape):
         xyxy, i = _tf_numpy.xyxy(b, i, shape[0])
         return core.psroi_pool_backward(dy, xyxy, tuple(shape), spatial_scale,
                                         group_size=group_size, batch_indices=i,
-                                        convention=rules, n_threads=n_threads)
+                                        convention=rules, names=NAMES, n_threads=n_threads)
 
     native = _Native("RoicorePsroiPool", dict(
         pooled_height=out_hw[0], pooled_width=out_hw[1], group_height=gh, group_width=gw,
@@ -516,12 +518,12 @@ def roi_align(images, boxes, box_indices, output_size, spatial_scale=1.0, sampli
     def forward(x, b, i, argmax):
         xyxy, i = _tf_numpy.xyxy(b, i, x.shape[0])
         return core.roi_align(x, xyxy, out_hw, spatial_scale, sampling_ratio, aligned,
-                              batch_indices=i, convention=rules, n_threads=n_threads)
+                              batch_indices=i, convention=rules, names=NAMES, n_threads=n_threads)
 
     def backward(dy, b, i, shape):
         xyxy, i = _tf_numpy.xyxy(b, i, shape[0])
         return core.roi_align_backward(dy, xyxy, tuple(shape), spatial_scale, sampling_ratio,
-                                       aligned, batch_indices=i, convention=rules,
+                                       aligned, batch_indices=i, convention=rules, names=NAMES,
                                        n_threads=n_threads)
 
     native = _Native("RoicoreRoiAlign", dict(

@@ -53,6 +53,8 @@ __all__ = ["roi_pool", "roi_align", "ps_roi_pool", "ps_roi_align",
            "RoIPool", "RoIAlign", "PSRoIPool", "PSRoIAlign"]
 
 CONVENTION = "torchvision"
+# torchvision's names of roicore.core's arguments, for messages
+NAMES = {"x": "input"}
 _COMPUTED = (torch.float32, torch.float64)
 _ACCEPTED = _COMPUTED + (torch.float16, torch.bfloat16)
 
@@ -87,8 +89,8 @@ def _roi_pool(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: 
               pooled_width: int, need_argmax: bool, n_threads: Optional[int]
               ) -> Tuple[Tensor, Tensor]:
     """(output, argmax); argmax is empty unless ``need_argmax``."""
-    res = core.roi_pool(_array(input), _array(rois), (pooled_height, pooled_width),
-                        spatial_scale, convention=CONVENTION, return_argmax=need_argmax,
+    res = core.roi_pool(_array(input), _array(rois), (pooled_height, pooled_width), spatial_scale,
+                        convention=CONVENTION, names=NAMES, return_argmax=need_argmax,
                         n_threads=_threads(n_threads))
     y, argmax = res if need_argmax else (res, np.empty(0, np.int32))
     return _tensor(y, input), torch.from_numpy(argmax)
@@ -109,7 +111,7 @@ def _roi_pool_backward(grad: Tensor, argmax: Tensor, rois: Tensor, batch_size: i
                        channels: int, height: int, width: int, n_threads: Optional[int]
                        ) -> Tensor:
     dx = core.roi_pool_backward(_array(grad), _array(rois), (batch_size, channels, height, width),
-                                convention=CONVENTION, argmax=argmax.numpy(),
+                                convention=CONVENTION, names=NAMES, argmax=argmax.numpy(),
                                 n_threads=_threads(n_threads))
     return _tensor(dx, grad)
 
@@ -150,7 +152,7 @@ def _roi_align(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height:
                pooled_width: int, sampling_ratio: int, aligned: bool, n_threads: Optional[int]
                ) -> Tensor:
     y = core.roi_align(_array(input), _array(rois), (pooled_height, pooled_width),
-                       spatial_scale, sampling_ratio, aligned, convention=CONVENTION,
+                       spatial_scale, sampling_ratio, aligned, convention=CONVENTION, names=NAMES,
                        n_threads=_threads(n_threads))
     return _tensor(y, input)
 
@@ -167,7 +169,7 @@ def _roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, batch_
                         aligned: bool, n_threads: Optional[int]) -> Tensor:
     dx = core.roi_align_backward(_array(grad), _array(rois),
                                  (batch_size, channels, height, width), spatial_scale,
-                                 sampling_ratio, aligned, convention=CONVENTION,
+                                 sampling_ratio, aligned, convention=CONVENTION, names=NAMES,
                                  n_threads=_threads(n_threads))
     return _tensor(dx, grad)
 
@@ -203,8 +205,8 @@ def _position_sensitive_shape(input, rois, pooled_height, pooled_width):
 @torch.library.custom_op("roicore::ps_roi_pool", mutates_args=(), device_types="cpu")
 def _ps_roi_pool(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
                  pooled_width: int, n_threads: Optional[int]) -> Tensor:
-    y = core.psroi_pool(_array(input), _array(rois), (pooled_height, pooled_width),
-                        spatial_scale, convention=CONVENTION, n_threads=_threads(n_threads))
+    y = core.psroi_pool(_array(input), _array(rois), (pooled_height, pooled_width), spatial_scale,
+                        convention=CONVENTION, names=NAMES, n_threads=_threads(n_threads))
     return _tensor(y, input)
 
 
@@ -219,7 +221,7 @@ def _ps_roi_pool_backward(grad: Tensor, rois: Tensor, spatial_scale: float, batc
                           ) -> Tensor:
     dx = core.psroi_pool_backward(_array(grad), _array(rois),
                                   (batch_size, channels, height, width), spatial_scale,
-                                  convention=CONVENTION, n_threads=_threads(n_threads))
+                                  convention=CONVENTION, names=NAMES, n_threads=_threads(n_threads))
     return _tensor(dx, grad)
 
 
@@ -246,7 +248,7 @@ _ps_roi_pool.register_autograd(_ps_roi_pool_gradient, setup_context=_ps_roi_pool
 def _ps_roi_align(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
                   pooled_width: int, sampling_ratio: int, n_threads: Optional[int]) -> Tensor:
     y = core.ps_roi_align(_array(input), _array(rois), (pooled_height, pooled_width),
-                          spatial_scale, sampling_ratio, convention=CONVENTION,
+                          spatial_scale, sampling_ratio, convention=CONVENTION, names=NAMES,
                           n_threads=_threads(n_threads))
     return _tensor(y, input)
 
@@ -262,7 +264,7 @@ def _ps_roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, bat
                            n_threads: Optional[int]) -> Tensor:
     dx = core.ps_roi_align_backward(_array(grad), _array(rois),
                                     (batch_size, channels, height, width), spatial_scale,
-                                    sampling_ratio, convention=CONVENTION,
+                                    sampling_ratio, convention=CONVENTION, names=NAMES,
                                     n_threads=_threads(n_threads))
     return _tensor(dx, grad)
 
@@ -311,6 +313,9 @@ def _rois(boxes, input: Tensor, op: str) -> Tensor:
                                  f"rows for image {i}, got {what}")
         if not boxes:
             raise ValueError(f"{op}: boxes is an empty list; pass one Tensor[L, 4] per image")
+        if isinstance(input, Tensor) and len(boxes) > input.shape[0]:
+            raise ValueError(f"{op}: boxes is a list of {len(boxes)} Tensor[L, 4], one per image, "
+                             f"but input holds {input.shape[0]} image(s)")
         ids = [torch.full_like(b[:, :1], i) for i, b in enumerate(boxes)]
         rois = torch.cat([torch.cat(ids), torch.cat(list(boxes))], dim=1)
     elif isinstance(boxes, Tensor):

@@ -15,6 +15,7 @@ ValueError about one element of an array carries ``argument`` and ``index`` attr
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import operator
@@ -25,10 +26,10 @@ from . import _binding, _memory
 
 __all__ = [
     "MAX_SCALED_COORD", "MAX_SAMPLING_RATIO", "MAX_GRID", "MAX_SAMPLES_PER_BIN", "MAX_MAP_SIDE",
-    "ALIGNMENT", "OUTPUT_CACHE_MIN_BYTES", "pair", "positive_scale", "held_scale", "float32_scale", "sampling_ratio",
-    "real", "flag", "ps_channels", "nchw_float", "input_shape", "expect_shape", "contiguous", "empty",
-    "out_buffer", "boxes_and_batch", "batch_from_counts", "batch_from_indices",
-    "boxes_from_yx", "check_coords", "unmasked", "rules_codes",
+    "ALIGNMENT", "OUTPUT_CACHE_MIN_BYTES", "pair", "positive_scale", "held_scale",
+    "float32_scale", "sampling_ratio", "real", "flag", "ps_channels", "nchw_float", "input_shape",
+    "expect_shape", "contiguous", "empty", "out_buffer", "boxes_and_batch", "batch_from_counts",
+    "batch_from_indices", "boxes_from_yx", "check_coords", "unmasked", "rules_codes", "Names",
 ]
 
 # The C API's limits (roicore.h): scaled box coordinates within +-2**24 feature-map pixels,
@@ -177,7 +178,8 @@ def nchw_float(a, name, dims="(N, C, H, W)"):
         raise TypeError(f"{name} must have dtype float16, float32 or float64, got {arr.dtype}")
     if arr.shape[2] < 1 or arr.shape[3] < 1:
         last = dims.strip("()").split(", ")[2:]
-        raise ValueError(f"{name} must have {last[0]} >= 1 and {last[1]} >= 1, got shape {arr.shape}")
+        raise ValueError(f"{name} must have {last[0]} >= 1 and {last[1]} >= 1, got shape "
+                         f"{arr.shape}")
     compute = np.float32 if arr.dtype.itemsize == 2 else arr.dtype
     return contiguous(arr, compute), arr.dtype
 
@@ -188,7 +190,8 @@ def input_shape(shape, name="input_shape"):
             raise TypeError
         shape = tuple(operator.index(s) for s in shape)
     except TypeError:
-        raise TypeError(f"{name} must be a sequence of 4 ints (N, C, H, W), got {shape!r}") from None
+        raise TypeError(f"{name} must be a sequence of 4 ints (N, C, H, W), got "
+                        f"{shape!r}") from None
     if len(shape) != 4 or min(shape) < 0:
         raise ValueError(f"{name} must be 4 non-negative ints (N, C, H, W), got {shape}")
     if shape[2] < 1 or shape[3] < 1:
@@ -323,3 +326,50 @@ def unmasked(coords, batch, masked):
     if masked and batch.size and batch.min() < 0:
         return coords[batch >= 0]
     return coords
+
+
+# ---------------------------------------------------------------------------------------
+# the caller's names
+
+class Names:
+    """The names a caller gives roicore.core's arguments (``{"x": "input", "boxes":
+    "rois"}``: an adapter's framework's), for every message about them.  ``names("x")`` is
+    the caller's name of ``x``; :meth:`reword` puts a message that starts with one of
+    core's names in the caller's; :meth:`renaming` decorates an operator so that the
+    errors of the C API, which names its own arguments, use the caller's names too."""
+
+    def __init__(self, names=None):
+        self._names = dict(names or {})
+
+    def __call__(self, name):
+        return self._names.get(name, name)
+
+    def reword(self, message):
+        """``message`` with its leading argument name (``x``, or a part of an argument:
+        ``boxes[:, 0]``) in the caller's words; unchanged when it names none of them."""
+        head = message.split(" ", 1)[0]
+        base = head.split("[", 1)[0]
+        new = self._names.get(base)
+        return new + message[len(base):] if new else message
+
+    @staticmethod
+    def renaming(fn):
+        """``fn`` (taking ``names=``) with the C API's ValueErrors about one of its
+        arguments reworded in the caller's names."""
+        @functools.wraps(fn)
+        def named(*a, names=None, **kw):
+            try:
+                return fn(*a, names=names, **kw)
+            except ValueError as exc:
+                argument = getattr(exc, "argument", None)
+                if not names or not argument:
+                    raise
+                message = Names(names).reword(str(exc))
+                if message == str(exc):
+                    raise
+                renamed = ValueError(message)
+                base = argument.split("[", 1)[0]
+                renamed.argument = names.get(base, base) + argument[len(base):]
+                renamed.index = exc.index
+                raise renamed from None
+        return named

@@ -30,6 +30,9 @@ out : ndarray, optional
     float64) to write the result into and return.  Backward functions zero it first.
     Without it, a result of 1 MiB or more takes memory freed by earlier results when it
     can (see :func:`roicore.core.set_output_cache_limit`).
+names : dict, optional
+    The caller's names of these arguments, for messages: an adapter passes its framework's
+    (``{"x": "input"}``, ``{"x": "data", "boxes": "rois"}``).
 
 Backward functions return the gradient with respect to ``x`` for an upstream gradient of
 the forward output's shape; boxes receive no gradient (as in every framework here).
@@ -79,9 +82,10 @@ def _pool_rules(method, convention):
                    f"roi_pool(method={method!r})")
 
 
+@V.Names.renaming
 def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, masked=False,
              method="max", convention=None, return_argmax=False, extrapolation_value=0.0,
-             n_threads=None, out=None):
+             n_threads=None, out=None, names=None):
     """RoI pooling: max (Fast R-CNN) or bilinear (OpenVINO ROIPooling "bilinear").
 
     method="max" (default convention "mxnet"; also "paddle", "torchvision", "openvino"
@@ -113,6 +117,7 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, ma
         "global": the flat index into x); -1 where nothing was selected.
     K = 0 gives an empty (0, C, PH, PW) result.
     """
+    n = V.Names(names)
     method = _method(method)
     rules = _pool_rules(method, convention)
     return_argmax = V.flag(return_argmax, "return_argmax")
@@ -123,10 +128,11 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, ma
     if method == "max" and extrapolation_value != 0:
         raise ValueError("extrapolation_value applies to method='bilinear' and 'nearest' only, "
                          f"got {extrapolation_value!r} with method='max'")
-    xc, out_dtype = V.nchw_float(x, "x")
-    PH, PW = V.pair(output_size, "output_size")
-    spatial_scale = V.positive_scale(spatial_scale)
-    coords, batch = V.boxes_and_batch(boxes, batch_indices, xc.shape[0], xc.dtype, masked)
+    xc, out_dtype = V.nchw_float(x, n("x"))
+    PH, PW = V.pair(output_size, n("output_size"))
+    spatial_scale = V.positive_scale(spatial_scale, n("spatial_scale"))
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, xc.shape[0], xc.dtype, masked,
+                                      n("boxes"), n("batch_indices"))
     threads = effective_n_threads(n_threads)
     N, C, H, W = xc.shape
     if method == "max":
@@ -144,9 +150,10 @@ def roi_pool(x, boxes, output_size, spatial_scale=1.0, *, batch_indices=None, ma
     return out.astype(out_dtype, copy=False)
 
 
+@V.Names.renaming
 def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, batch_indices=None,
                       masked=False, method="max", convention=None, argmax=None, n_threads=None,
-                      out=None):
+                      out=None, names=None):
     """Gradient of :func:`roi_pool` with respect to x.
 
     method="max" scatters each output gradient to its argmax (as returned by the forward
@@ -155,20 +162,22 @@ def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, bat
     the arithmetic of TF's ``CropAndResizeGradImage``; method="nearest" adds each output
     gradient to its sample's pixel, as that op does for ``method="nearest"``.
     """
+    n = V.Names(names)
     method = _method(method)
     rules = _pool_rules(method, convention)
-    shape = V.input_shape(input_shape)
+    shape = V.input_shape(input_shape, n("input_shape"))
     N, C, H, W = shape
-    g, out_dtype = V.nchw_float(grad_output, "grad_output", "(K, C, PH, PW)")
-    V.positive_scale(spatial_scale)
-    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype, masked)
-    V.expect_shape(g, (coords.shape[0], C) + g.shape[2:], "grad_output")
+    g, out_dtype = V.nchw_float(grad_output, n("grad_output"), "(K, C, PH, PW)")
+    V.positive_scale(spatial_scale, n("spatial_scale"))
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype, masked,
+                                      n("boxes"), n("batch_indices"))
+    V.expect_shape(g, (coords.shape[0], C) + g.shape[2:], n("grad_output"))
     threads = effective_n_threads(n_threads)
     if method == "max":
         if argmax is None:
             raise TypeError("roi_pool_backward(method='max') needs the argmax returned by "
                             "roi_pool(..., return_argmax=True)")
-        a = _argmax_array(argmax, g.shape)
+        a = _argmax_array(argmax, g.shape, n)
         dx = _output(out, shape, g, out_dtype, a, boxes, batch_indices, name="out")
         _binding.roi_pool_max_backward(rules, g, a, batch, dx, threads, masked)
     else:
@@ -180,8 +189,9 @@ def roi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, bat
     return dx.astype(out_dtype, copy=False)
 
 
+@V.Names.renaming
 def roi_pool_boxes_backward(grad_output, x, boxes, *, batch_indices=None, masked=False,
-                            convention="tensorflow", n_threads=None, out=None):
+                            convention="tensorflow", n_threads=None, out=None, names=None):
     """Gradient of :func:`roi_pool` (method="bilinear") with respect to the box coordinates.
 
     The arithmetic and order of TF's ``CropAndResizeGradBoxes``: for every sample on the
@@ -195,29 +205,33 @@ def roi_pool_boxes_backward(grad_output, x, boxes, *, batch_indices=None, masked
     Returns an array of shape (K, 4): the gradient of each box's [x1, y1, x2, y2] (a batch
     column, if ``boxes`` has one, gets none), in x's dtype.
     """
+    n = V.Names(names)
     rules = resolve(convention, BILINEAR_POOL, BilinearPoolRules, "roi_pool_boxes_backward")
-    xc, out_dtype = V.nchw_float(x, "x")
+    xc, out_dtype = V.nchw_float(x, n("x"))
     N, C, H, W = xc.shape
-    g, g_dtype = V.nchw_float(grad_output, "grad_output", "(K, C, PH, PW)")
+    g, g_dtype = V.nchw_float(grad_output, n("grad_output"), "(K, C, PH, PW)")
     if g_dtype != out_dtype:
         raise TypeError(f"grad_output must have the dtype of x ({out_dtype}), got {g_dtype}")
-    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype, masked)
-    V.expect_shape(g, (coords.shape[0], C) + g.shape[2:], "grad_output")
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype, masked,
+                                      n("boxes"), n("batch_indices"))
+    V.expect_shape(g, (coords.shape[0], C) + g.shape[2:], n("grad_output"))
     threads = effective_n_threads(n_threads)
     grad = _output(out, coords.shape, xc, out_dtype, g, boxes, batch_indices)
     _binding.roi_pool_bilinear_boxes_backward(rules, g, xc, coords, batch, grad, threads, masked)
     return grad.astype(out_dtype, copy=False)
 
 
-def _argmax_array(argmax, expected_shape):
-    """An argmax from the forward as a C-contiguous int32/int64 array.  Its values are
-    checked by the backward kernel, which follows only -1 or a pixel of the entry's own
-    (box, channel) plane in the convention's encoding and raises for anything else."""
+def _argmax_array(argmax, grad_shape, n):
+    """An argmax from the forward as a C-contiguous int32/int64 array, of the gradient's
+    shape (the forward output's: either may be the wrong one).  Its values are checked by
+    the backward kernel, which follows only -1 or a pixel of the entry's own (box, channel)
+    plane in the convention's encoding and raises for anything else."""
     a = np.asarray(argmax)
     if a.dtype.kind not in "iu":
-        raise TypeError(f"argmax must have an integer dtype, got {a.dtype}")
-    if a.shape != tuple(expected_shape):
-        raise ValueError(f"argmax must have shape {tuple(expected_shape)}, got {a.shape}")
+        raise TypeError(f"{n('argmax')} must have an integer dtype, got {a.dtype}")
+    if a.shape != tuple(grad_shape):
+        raise ValueError(f"{n('argmax')} and {n('grad_output')} must both have the forward "
+                         f"output's shape (K, C, PH, PW), got {a.shape} and {tuple(grad_shape)}")
     if a.dtype not in (np.int32, np.int64):
         # other widths as int64; uint64 values beyond it (no pixel's index) saturate, so a
         # cast never wraps one to -1, the index of an empty bin
@@ -228,8 +242,10 @@ def _argmax_array(argmax, expected_shape):
     return V.contiguous(a)
 
 
+@V.Names.renaming
 def psroi_pool(x, boxes, output_size, spatial_scale=1.0, *, output_channels=None, group_size=None,
-               batch_indices=None, masked=False, convention="paddle", n_threads=None, out=None):
+               batch_indices=None, masked=False, convention="paddle", n_threads=None, out=None,
+               names=None):
     """Position-sensitive RoI average pooling (R-FCN): Paddle psroi_pool, MXNet
     PSROIPooling, torchvision ps_roi_pool.
 
@@ -258,12 +274,14 @@ def psroi_pool(x, boxes, output_size, spatial_scale=1.0, *, output_channels=None
 
     Returns an array of shape (K, D, PH, PW).
     """
+    n = V.Names(names)
     rules = resolve(convention, PSROI_POOL, PSRoIPoolRules, "psroi_pool")
-    xc, out_dtype = V.nchw_float(x, "x")
+    xc, out_dtype = V.nchw_float(x, n("x"))
     N, C, H, W = xc.shape
-    PH, PW, GH, GW, D = V.ps_channels(output_size, group_size, C, output_channels)
-    spatial_scale = V.positive_scale(spatial_scale)
-    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype, masked)
+    PH, PW, GH, GW, D = V.ps_channels(output_size, group_size, C, output_channels, n("x"))
+    spatial_scale = V.positive_scale(spatial_scale, n("spatial_scale"))
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype, masked,
+                                      n("boxes"), n("batch_indices"))
     threads = effective_n_threads(n_threads)
     out = _output(out, (coords.shape[0], D, PH, PW), xc, out_dtype, boxes, batch_indices)
     _binding.ps_roi_pool_forward(rules, xc, coords, batch, spatial_scale, GH, GW, out, threads,
@@ -271,22 +289,25 @@ def psroi_pool(x, boxes, output_size, spatial_scale=1.0, *, output_channels=None
     return out.astype(out_dtype, copy=False)
 
 
+@V.Names.renaming
 def psroi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, group_size=None,
                         batch_indices=None, masked=False, convention="paddle", n_threads=None,
-                        out=None):
+                        out=None, names=None):
     """Gradient of :func:`psroi_pool`: each output gradient divided by its bin area, added
     to every pixel of the bin, in (box, channel, ph, pw) order.
 
     With convention "torchvision" the bins are torchvision's backward's, which differ from
     its forward's: clamped to [0, H] x [0, W], and from coordinates rounded in float32."""
+    n = V.Names(names)
     rules = resolve(convention, PSROI_POOL, PSRoIPoolRules, "psroi_pool_backward")
-    shape = V.input_shape(input_shape)
+    shape = V.input_shape(input_shape, n("input_shape"))
     N, C, H, W = shape
-    g, out_dtype = V.nchw_float(grad_output, "grad_output", "(K, D, PH, PW)")
-    _, _, GH, GW, D = V.ps_channels(g.shape[2:], group_size, C, None, "input_shape")
-    spatial_scale = V.positive_scale(spatial_scale)
-    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype, masked)
-    V.expect_shape(g, (coords.shape[0], D) + g.shape[2:], "grad_output")
+    g, out_dtype = V.nchw_float(grad_output, n("grad_output"), "(K, D, PH, PW)")
+    _, _, GH, GW, D = V.ps_channels(g.shape[2:], group_size, C, None, n("input_shape"))
+    spatial_scale = V.positive_scale(spatial_scale, n("spatial_scale"))
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype, masked,
+                                      n("boxes"), n("batch_indices"))
+    V.expect_shape(g, (coords.shape[0], D) + g.shape[2:], n("grad_output"))
     threads = effective_n_threads(n_threads)
     dx = _output(out, shape, g, out_dtype, boxes, batch_indices)
     _binding.ps_roi_pool_backward(rules, g, coords, batch, spatial_scale, GH, GW, dx, threads,
@@ -294,14 +315,16 @@ def psroi_pool_backward(grad_output, boxes, input_shape, spatial_scale=1.0, *, g
     return dx.astype(out_dtype, copy=False)
 
 
-def _align_setup(convention, spatial_scale, sampling_ratio, aligned, op):
+def _align_setup(convention, spatial_scale, sampling_ratio, aligned, op, n):
     rules = resolve(convention, ROI_ALIGN, RoIAlignRules, op)
-    return (rules, V.positive_scale(spatial_scale), V.sampling_ratio(sampling_ratio),
-            V.flag(aligned, "aligned"))
+    return (rules, V.positive_scale(spatial_scale, n("spatial_scale")),
+            V.sampling_ratio(sampling_ratio, n("sampling_ratio")), V.flag(aligned, n("aligned")))
 
 
+@V.Names.renaming
 def roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, aligned=False, *,
-              batch_indices=None, masked=False, convention="mxnet", n_threads=None, out=None):
+              batch_indices=None, masked=False, convention="mxnet", n_threads=None, out=None,
+              names=None):
     """RoIAlign (Mask R-CNN): the average of bilinear samples on a regular grid per bin.
 
     The box is ``x*s - 0.5`` .. ``x2*s - 0.5`` when ``aligned`` (pixel centres), else
@@ -320,12 +343,14 @@ def roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, align
     or NaN ("paddle", as Paddle computes 0 * (1/0)); with a fixed ``sampling_ratio`` a
     reversed aligned box is sampled back to front.
     """
+    n = V.Names(names)
     rules, spatial_scale, sampling_ratio, aligned = _align_setup(
-        convention, spatial_scale, sampling_ratio, aligned, "roi_align")
-    xc, out_dtype = V.nchw_float(x, "x")
+        convention, spatial_scale, sampling_ratio, aligned, "roi_align", n)
+    xc, out_dtype = V.nchw_float(x, n("x"))
     N, C, H, W = xc.shape
-    PH, PW = V.pair(output_size, "output_size")
-    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype, masked)
+    PH, PW = V.pair(output_size, n("output_size"))
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype, masked,
+                                      n("boxes"), n("batch_indices"))
     threads = effective_n_threads(n_threads)
     out = _output(out, (coords.shape[0], C, PH, PW), xc, out_dtype, boxes, batch_indices)
     _binding.roi_align_forward(rules, xc, coords, batch, spatial_scale, sampling_ratio, aligned,
@@ -333,21 +358,24 @@ def roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, align
     return out.astype(out_dtype, copy=False)
 
 
+@V.Names.renaming
 def roi_align_backward(grad_output, boxes, input_shape, spatial_scale=1.0, sampling_ratio=-1,
                        aligned=False, *, batch_indices=None, masked=False, convention="mxnet",
-                       n_threads=None, out=None):
+                       n_threads=None, out=None, names=None):
     """Gradient of :func:`roi_align` in the Caffe2 arithmetic used by all three frameworks'
     backward passes (``g * w / count`` added to the four neighbours of every in-range
     sample).  Convention "paddle" reproduces Paddle's backward, which widens boxes to at
     least 1 pixel even when ``aligned``."""
+    n = V.Names(names)
     rules, spatial_scale, sampling_ratio, aligned = _align_setup(
-        convention, spatial_scale, sampling_ratio, aligned, "roi_align_backward")
-    shape = V.input_shape(input_shape)
+        convention, spatial_scale, sampling_ratio, aligned, "roi_align_backward", n)
+    shape = V.input_shape(input_shape, n("input_shape"))
     N, C, H, W = shape
-    g, out_dtype = V.nchw_float(grad_output, "grad_output", "(K, C, PH, PW)")
+    g, out_dtype = V.nchw_float(grad_output, n("grad_output"), "(K, C, PH, PW)")
     PH, PW = g.shape[2:]
-    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype, masked)
-    V.expect_shape(g, (coords.shape[0], C, PH, PW), "grad_output")
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype, masked,
+                                      n("boxes"), n("batch_indices"))
+    V.expect_shape(g, (coords.shape[0], C, PH, PW), n("grad_output"))
     threads = effective_n_threads(n_threads)
     dx = _output(out, shape, g, out_dtype, boxes, batch_indices)
     _binding.roi_align_backward(rules, g, coords, batch, spatial_scale, sampling_ratio, aligned,
@@ -355,14 +383,16 @@ def roi_align_backward(grad_output, boxes, input_shape, spatial_scale=1.0, sampl
     return dx.astype(out_dtype, copy=False)
 
 
-def _ps_align_setup(convention, spatial_scale, sampling_ratio, op):
-    return (resolve(convention, PSROI_ALIGN, PSRoIAlignRules, op), V.positive_scale(spatial_scale),
-            V.sampling_ratio(sampling_ratio))
+def _ps_align_setup(convention, spatial_scale, sampling_ratio, op, n):
+    return (resolve(convention, PSROI_ALIGN, PSRoIAlignRules, op),
+            V.positive_scale(spatial_scale, n("spatial_scale")),
+            V.sampling_ratio(sampling_ratio, n("sampling_ratio")))
 
 
+@V.Names.renaming
 def ps_roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, *,
                  batch_indices=None, masked=False, convention="torchvision", n_threads=None,
-                 out=None):
+                 out=None, names=None):
     """Position-sensitive RoIAlign (Light-Head R-CNN), as torchvision ps_roi_align.
 
     x has ``D * PH * PW`` channels; output channel d at cell (ph, pw) is the mean of the
@@ -378,12 +408,14 @@ def ps_roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, *,
 
     Returns an array of shape (K, D, PH, PW).
     """
-    rules, spatial_scale, sampling_ratio = _ps_align_setup(convention, spatial_scale,
-                                                           sampling_ratio, "ps_roi_align")
-    xc, out_dtype = V.nchw_float(x, "x")
+    n = V.Names(names)
+    rules, spatial_scale, sampling_ratio = _ps_align_setup(
+        convention, spatial_scale, sampling_ratio, "ps_roi_align", n)
+    xc, out_dtype = V.nchw_float(x, n("x"))
     N, C, H, W = xc.shape
-    PH, PW, _, _, D = V.ps_channels(output_size, None, C, None)
-    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype, masked)
+    PH, PW, _, _, D = V.ps_channels(output_size, None, C, None, n("x"))
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, xc.dtype, masked,
+                                      n("boxes"), n("batch_indices"))
     threads = effective_n_threads(n_threads)
     out = _output(out, (coords.shape[0], D, PH, PW), xc, out_dtype, boxes, batch_indices)
     _binding.ps_roi_align_forward(rules, xc, coords, batch, spatial_scale, sampling_ratio, out,
@@ -391,19 +423,22 @@ def ps_roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, *,
     return out.astype(out_dtype, copy=False)
 
 
+@V.Names.renaming
 def ps_roi_align_backward(grad_output, boxes, input_shape, spatial_scale=1.0, sampling_ratio=-1,
                           *, batch_indices=None, masked=False, convention="torchvision",
-                          n_threads=None, out=None):
+                          n_threads=None, out=None, names=None):
     """Gradient of :func:`ps_roi_align`: ``g * w / count`` added to the four neighbours of
     every in-range sample, in (box, channel, ph, pw, sample) order."""
-    rules, spatial_scale, sampling_ratio = _ps_align_setup(convention, spatial_scale,
-                                                           sampling_ratio, "ps_roi_align_backward")
-    shape = V.input_shape(input_shape)
+    n = V.Names(names)
+    rules, spatial_scale, sampling_ratio = _ps_align_setup(
+        convention, spatial_scale, sampling_ratio, "ps_roi_align_backward", n)
+    shape = V.input_shape(input_shape, n("input_shape"))
     N, C, H, W = shape
-    g, out_dtype = V.nchw_float(grad_output, "grad_output", "(K, D, PH, PW)")
-    PH, PW, _, _, D = V.ps_channels(g.shape[2:], None, C, None, "input_shape")
-    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype, masked)
-    V.expect_shape(g, (coords.shape[0], D, PH, PW), "grad_output")
+    g, out_dtype = V.nchw_float(grad_output, n("grad_output"), "(K, D, PH, PW)")
+    PH, PW, _, _, D = V.ps_channels(g.shape[2:], None, C, None, n("input_shape"))
+    coords, batch = V.boxes_and_batch(boxes, batch_indices, N, g.dtype, masked,
+                                      n("boxes"), n("batch_indices"))
+    V.expect_shape(g, (coords.shape[0], D, PH, PW), n("grad_output"))
     threads = effective_n_threads(n_threads)
     dx = _output(out, shape, g, out_dtype, boxes, batch_indices)
     _binding.ps_roi_align_backward(rules, g, coords, batch, spatial_scale, sampling_ratio, dx,

@@ -14,6 +14,25 @@ static const char *or_default(const char *name, const char *fallback) {
     return name && *name ? name : fallback;
 }
 
+/* "%lld" for an integral value, else "%.17g", into buf. */
+static const char *number_text(double v, char *buf, size_t size) {
+    if (v == floor(v) && fabs(v) < 9.2e18)
+        snprintf(buf, size, "%lld", (long long)v);
+    else
+        snprintf(buf, size, "%.17g", v);
+    return buf;
+}
+
+/* The message for image index `text` of box i outside [0, n_images). */
+static roicore_status out_of_range(const char *name, int64_t i, const char *text,
+                                   int64_t n_images, int masked, roicore_error *err) {
+    return roicore_fail_at(err, ROICORE_ERR_VALUE, name, i,
+                           "%s[%lld] = %s is out of range for a feature map with N=%lld images "
+                           "(expected %s%lld%s)", name, (long long)i, text, (long long)n_images,
+                           masked ? "index < " : "0 <= index < ", (long long)n_images,
+                           masked ? ", or negative for a masked box" : "");
+}
+
 int64_t roicore_tensor_bytes(const roicore_tensor *t) {
     int64_t n = roicore_mul(roicore_mul(t->n, t->c), roicore_mul(t->h, t->w));
     return roicore_mul(n, (int64_t)roicore_dtype_size(t->dtype));
@@ -131,11 +150,11 @@ int roicore_check_boxes(const roicore_boxes *b, const roicore_tensor *x, int nee
                             (const void *)b->batch);
     for (int64_t k = 0; k < b->k; ++k) {
         int64_t v = b->batch[k];
-        if (v >= x->n || (v < 0 && !b->masked))
-            return roicore_fail_at(err, ROICORE_ERR_VALUE, "batch", k,
-                                   "batch[%lld] = %lld is out of range for a feature map with "
-                                   "N=%lld images (expected 0 <= index < %lld)", (long long)k,
-                                   (long long)v, (long long)x->n, (long long)x->n);
+        if (v >= x->n || (v < 0 && !b->masked)) {
+            char text[24];
+            snprintf(text, sizeof text, "%lld", (long long)v);
+            return out_of_range("batch", k, text, x->n, b->masked, err);
+        }
     }
     if (!need_coords) return ROICORE_OK;
     if (!b->coords)
@@ -231,25 +250,6 @@ int roicore_check_grid(int64_t k, int64_t grid_y, int64_t grid_x, roicore_error 
 }
 
 /* ------------------------------------------------------------------------ batch indices */
-
-/* "%lld" for an integral value, else "%.17g", into buf. */
-static const char *number_text(double v, char *buf, size_t size) {
-    if (v == floor(v) && fabs(v) < 9.2e18)
-        snprintf(buf, size, "%lld", (long long)v);
-    else
-        snprintf(buf, size, "%.17g", v);
-    return buf;
-}
-
-/* The message for image index `text` of box i outside [0, n_images). */
-static roicore_status out_of_range(const char *name, int64_t i, const char *text,
-                                   int64_t n_images, int masked, roicore_error *err) {
-    return roicore_fail_at(err, ROICORE_ERR_VALUE, name, i,
-                           "%s[%lld] = %s is out of range for a feature map with N=%lld images "
-                           "(expected %s%lld%s)", name, (long long)i, text, (long long)n_images,
-                           masked ? "index < " : "0 <= index < ", (long long)n_images,
-                           masked ? ", or negative for a masked box" : "");
-}
 
 roicore_status roicore_batch_from_column(const void *column, roicore_dtype dtype,
                                          int64_t stride, int64_t k, int64_t n_images,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -504,6 +505,38 @@ def test_psroi_channel_count_checked():
         mxa.PSROIPooling(x, r, 1.0, output_dim=2, pooled_size=2)
 
 
+@pytest.mark.parametrize("op", ["ROIPooling", "PSROIPooling", "ROIAlign"])
+def test_errors_use_mxnets_names(op):
+    """Messages from every layer say ``data``, ``rois`` and ``out_grad``, never core's
+    ``x``, ``boxes`` or ``grad_output``."""
+    fn = getattr(mxa, op)
+    kw = (dict(spatial_scale=1.0, output_dim=2, pooled_size=2) if op == "PSROIPooling"
+          else dict(pooled_size=(2, 2), spatial_scale=1.0))
+    x = mx.nd.ones((2, 8, 6, 6))
+    good = mx.nd.array([[0, 0, 0, 4, 4]])
+    calls = [(lambda: fn(x.astype("int32"), good, **kw), r"\bdata\b.*int32"),
+             (lambda: fn(x, mx.nd.array([[0, 0, 0, 4, 4], [2, 0, 0, 4, 4]]), **kw),
+              r"rois\[:, 0\]\[1\] = 2 is out of range"),
+             (lambda: fn(x, good * 2**30, **kw), r"\brois\b")]
+    if op == "PSROIPooling":
+        calls.append((lambda: fn(mx.nd.ones((1, 7, 4, 4)), good, **kw),
+                      r"data must have output_dim \* group_size\*\*2 = 2 \* 2\*\*2 = 8 channels, "
+                      r"got 7"))
+    for call, message in calls:
+        with pytest.raises((ValueError, TypeError), match=message) as raised:
+            call().asnumpy()
+        assert not re.search(r"\b(x|boxes|grad_output)\b", str(raised.value)), raised.value
+    # the gradient: a head gradient of the wrong shape
+    data = x.copy()
+    data.attach_grad()
+    with mx.autograd.record():
+        y = fn(data, good, **kw)
+    with pytest.raises(ValueError, match=r"\bout_grad\b") as raised:
+        y.backward(mx.nd.ones((3, 2, 2, 2)))
+        data.grad.asnumpy()
+    assert not re.search(r"\b(x|boxes|grad_output)\b", str(raised.value)), raised.value
+
+
 def test_inputs_must_be_ndarrays_or_symbols():
     with pytest.raises(TypeError, match="NDArray"):
         mxa.ROIPooling(np.ones((1, 1, 4, 4), np.float32), mx.nd.array([[0, 0, 0, 2, 2]]), (2, 2),
@@ -993,7 +1026,7 @@ class _Block(mx.gluon.HybridBlock):
 BAD_BATCH = mx.nd.array([[0, 0, 0, 4, 4], [2, 0, 0, 4, 4]])
 ERROR_CASES = {
     "batch index": ("ROIAlign", dict(pooled_size=(2, 2), spatial_scale=1.0), BAD_BATCH,
-                    r"boxes\[:, 0\]\[1\] = 2 is out of range"),
+                    r"rois\[:, 0\]\[1\] = 2 is out of range"),
     "channels": ("PSROIPooling", dict(spatial_scale=1.0, output_dim=3, pooled_size=2),
                  mx.nd.array([[0, 0, 0, 4, 4]]),
                  r"output_dim \* group_size\*\*2 = 3 \* 2\*\*2 = 12 channels, got 8"),

@@ -3,6 +3,8 @@
 Parity means bit-identical outputs, argmax and input gradients (x.grad for a random upstream
 gradient) to ``paddle.vision.ops`` on identical inputs, in float32 and float64.
 """
+import re
+
 import numpy as np
 import pytest
 
@@ -327,6 +329,57 @@ def test_legacy_psroi_gradient_equals_modern(paddle_path):
                                                    lod=[case["counts"].tolist()]))
     for got, want in zip(run(legacy, case, 1), run(rp.psroi_pool, case, 1)):
         assert_same(got, want, "legacy psroi")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seed", range(2))
+def test_legacy_roi_align_equals_modern(dtype, seed, paddle_path):
+    """fluid's roi_align is the modern op with aligned=False (its default there)."""
+    case = random_case("roi_align", dtype, seed)
+    PH, PW = case["kw"]["output_size"]
+    s, ratio = case["kw"]["spatial_scale"], case["kw"].get("sampling_ratio", -1)
+    for aligned in (False, True):
+        modern = (lambda x, b, n, **kw: rp.roi_align(x, b, n, (PH, PW), s, ratio, aligned))
+        modern_y, modern_g = run(modern, case, seed)
+        legacy = (lambda x, b, n, **kw: rl.roi_align(x, b, PH, PW, s, ratio, lod=[
+            case["counts"].tolist()], **({"aligned": True} if aligned else {})))
+        y, g = run(legacy, case, seed)
+        assert_same(y, modern_y, f"legacy roi_align aligned={aligned}")
+        assert_same(g, modern_g, f"legacy roi_align grad aligned={aligned}")
+
+
+@pytest.mark.parametrize("op", ["roi_pool", "psroi_pool", "roi_align"])
+def test_legacy_errors_use_fluids_names(op, paddle_path):
+    """Messages say input, rois, rois_num and lod (fluid's arguments), never the modern API's
+    x, boxes or boxes_num, whichever layer finds the mistake."""
+    fn = {"roi_pool": lambda x, b, **kw: rl.roi_pool(x, b, 2, 2, **kw),
+          "psroi_pool": lambda x, b, **kw: rl.psroi_pool(x, b, 2, 1.0, 2, 2, **kw),
+          "roi_align": lambda x, b, **kw: rl.roi_align(x, b, 2, 2, **kw)}[op]
+    x = tensor(np.zeros((2, 8, 4, 4)), "float32")
+    b = tensor(np.tile([[0, 0, 2, 2]], (3, 1)), "float32")
+    one = tensor(np.array([[0, 0, 2, 2]]), "float32")
+    calls = [
+        (TypeError, r"input must be float32 or float64, got int32",
+         lambda: fn(tensor(np.zeros((2, 8, 4, 4)), "int32"), b, lod=[[1, 2]])),
+        (ValueError, r"rois must be a 2-D",
+         lambda: fn(x, tensor(np.zeros((3, 5)), "float32"), lod=[[1, 2]])),
+        (TypeError, r"rois must have the dtype of input \(float32\), got float64",
+         lambda: fn(x, tensor(np.zeros((3, 4)), "float64"), lod=[[1, 2]])),
+        (ValueError, r"rois_num must sum to the number of boxes \(3\), got sum\(rois_num\) = 4",
+         lambda: fn(x, b, rois_num=tensor([2, 2], "int32"))),
+        (ValueError, r"lod must sum to the number of boxes \(1\), got sum\(lod\) = 2",
+         lambda: fn(tensor(np.zeros((1, 8, 4, 4)), "float32"), one, lod=[[2]])),
+        (ValueError, r"lod must have one count per image \(N=2\)",
+         lambda: fn(x, b, lod=[[3]])),
+        (ValueError, r"rois\[0\] .*finite|rois coordinates must be finite",
+         lambda: fn(x, tensor(np.array([[0, 0, np.nan, 2]]), "float32"), lod=[[1, 0]])),
+    ]
+    for error, message, call in calls:
+        with pytest.raises(error, match=message) as raised:
+            call()
+        # the modern names as arguments ("the number of boxes" is prose)
+        assert not re.search(r"\b(x|boxes_num)\b|\bboxes( must|\[)", str(raised.value)), \
+            raised.value
 
 
 def test_legacy_mapping_errors(paddle_path):

@@ -5,6 +5,8 @@ every forward and gradient is compared with the core on the same NumPy inputs wi
 ``np.array_equal``; the core itself is checked against the loop references in tests/.
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -408,3 +410,34 @@ def test_keras_layer_rejects_bad_configuration():
     with pytest.raises(ValueError, match="method must be"):
         rtf.RoIPool(7, method="average")
     assert rtf.RoIPool(7).supports_jit is False
+
+
+@pytest.mark.parametrize("op", ["roi_pool", "roi_pool_bilinear", "psroi_pool", "roi_align"])
+@pytest.mark.parametrize("mode", ["eager", "tf.function"])
+def test_errors_use_the_adapters_names(op, mode):
+    """Messages say images, boxes and box_indices (the adapter's arguments, TF's own
+    crop_and_resize's), never roicore.core's x or batch_indices, whichever layer finds the
+    mistake: the adapter, roicore.core or the op library's kernel."""
+    kw = {"roi_pool_bilinear": dict(method="bilinear")}.get(op, {})
+    fn = getattr(rtf, "roi_pool" if op == "roi_pool_bilinear" else op)
+    x = tf.random.normal((2, 6, 6, 8))
+    box = tf.constant([[0, 0, 0.5, 0.5]])
+    calls = [
+        (tf.errors.InvalidArgumentError, r"box_indices\[0\] = 5 is out of range for a feature "
+                                         r"map with N=2 images",
+         lambda: fn(x, box, tf.constant([5]), 2, **kw)),
+        (tf.errors.InvalidArgumentError, r"boxes coordinates must be finite, got nan in box 0",
+         lambda: fn(x, tf.constant([[0, 0, np.nan, 0.5]]), tf.constant([0]), 2, **kw)),
+        (TypeError, r"images must be float16, float32 or float64, got int32",
+         lambda: fn(tf.cast(x, tf.int32), box, tf.constant([0]), 2, **kw)),
+    ]
+    if op == "psroi_pool":
+        calls.append((ValueError, r"images has C=8 channels, which is not a multiple of the "
+                                  r"group area 3x3=9",
+                      lambda: fn(x, box, tf.constant([0]), 3)))
+    for error, message, call in calls:
+        with pytest.raises(error, match=message) as raised:
+            tf.function(call, autograph=False)() if mode == "tf.function" else call()
+        # the message's own line (TF may append a traceback of the py_function path)
+        line = next(ln for ln in str(raised.value).splitlines() if re.search(message, ln))
+        assert not re.search(r"\b(x|batch_indices)\b", line), line

@@ -9,6 +9,7 @@ import copy
 import inspect
 import io
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -473,6 +474,25 @@ def test_errors_name_the_argument(op):
         fn(x, good, 2, -1.0)
     with pytest.raises(TypeError, match=rf"{op}: spatial_scale must be a real number, got str"):
         fn(x, good, 2, "1")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_errors_use_torchvisions_names(op):
+    """Messages from every layer (the adapter, roicore.core, the C API) say ``input``, never
+    core's ``x``, and a list of boxes is described as the list the caller passed."""
+    fn = getattr(rt, op)
+    x = torch.randn(2, 8, 6, 6)
+    box = torch.tensor([[0, 0, 4, 4.0]])
+    calls = [(lambda: fn(x, [box, box, box], 2),
+              r"boxes is a list of 3 Tensor\[L, 4\], one per image, but input holds 2 image"),
+             (lambda: fn(x[:, :, :0], [box], 2), r"\binput must have H >= 1"),
+             (lambda: fn(x, [box * 2**30], 2, 1.0), r"boxes")]
+    if position_sensitive(op):
+        calls.append((lambda: fn(x, [box], 3), r"input has C=8 channels"))
+    for call, message in calls:
+        with pytest.raises(ValueError, match=message) as raised:
+            call()
+        assert not re.search(r"\bx\b", str(raised.value)), str(raised.value)
 
 
 @pytest.mark.parametrize("op", OPS)

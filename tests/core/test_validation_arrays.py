@@ -353,8 +353,9 @@ class TestArgmax:
                                        (2, C - 1, PS, PS), ()])
     def test_shape(self, shape):
         a = np.full(shape, -1, np.int32)
-        with pytest.raises(ValueError, match=re.escape(f"argmax must have shape {self.SHAPE}, "
-                                                       f"got {a.shape}")):
+        with pytest.raises(ValueError, match=re.escape(
+                f"argmax and grad_output must both have the forward output's shape (K, C, PH, "
+                f"PW), got {a.shape} and {self.SHAPE}")):
             call("roi_pool_backward_max", argmax=a)
 
     @pytest.mark.usefixtures("no_kernels")
