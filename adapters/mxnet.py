@@ -50,8 +50,8 @@ graph, MXNet runs the operator in its engine and reports a failure at the next w
 ``MXNetError`` that only names the failed callback; this module registers a translation
 (``mx.error.register``, for MXNet's own "MXNetError" messages) that raises instead the
 original exception's type and message, as a class that derives from both it and
-``MXNetError``.  Other MXNet errors are raised as before.  (MXNet still prints the failed
-callback's traceback to stdout.)
+``MXNetError``.  Other MXNet errors are raised as before.  MXNet prints each failed
+callback's exception to stdout; for these errors that print is one line, not a traceback.
 
 Copies
 ------
@@ -92,6 +92,7 @@ import numbers
 import re
 import sys
 import threading
+import traceback
 
 import numpy as np
 
@@ -219,7 +220,32 @@ class _ErrorRelay:
         return None
 
 
+    def holds(self, exc):
+        with self._lock:
+            return any(kept is exc for _, kept in self._kept)
+
+
 _relay = _ErrorRelay()
+
+
+class _OneLineTracebacks:
+    """Stands in for the ``traceback`` module inside ``mxnet.operator`` and
+    ``mxnet.autograd``, whose callback wrappers print the whole traceback of an exception to
+    stdout before MXNet raises its own error.  For an exception the relay keeps (the user's
+    mistake, which reaches the caller in full) that print is one line; for any other
+    exception, the traceback as before."""
+
+    def __getattr__(self, name):
+        return getattr(traceback, name)
+
+    def format_exc(self, *args, **kwargs):
+        exc = sys.exc_info()[1]
+        if exc is not None and _relay.holds(exc):
+            return f"{type(exc).__name__}: {exc}"
+        return traceback.format_exc(*args, **kwargs)
+
+
+mx.operator.traceback = mx.autograd.traceback = _OneLineTracebacks()
 _RERAISED = {}
 
 

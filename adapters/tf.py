@@ -164,6 +164,11 @@ def _refuse_xla(op):
 # ---------------------------------------------------------------------------------------
 # Running an op: the native op library, else the tf.numpy_function fallback
 
+# AutoGraph would otherwise convert the adapter's own Python inside a tf.function (and the
+# first-use build of the op library with it, which it cannot), and warn about each part
+_not_converted = tf.autograph.experimental.do_not_convert
+
+
 class NativeOpsWarning(RuntimeWarning):
     """roicore's TensorFlow op library is not available; the tf.numpy_function fallback runs."""
 
@@ -171,6 +176,7 @@ class NativeOpsWarning(RuntimeWarning):
 _LIBRARY = {}
 
 
+@_not_converted
 def native_ops():
     """roicore's TensorFlow op library (the module ``tf.load_op_library`` returns), built
     and loaded at the first call; None when the ops run through the ``tf.numpy_function``
@@ -247,6 +253,7 @@ def _same_channels(c):
 # ---------------------------------------------------------------------------------------
 # Ops
 
+@_not_converted
 def roi_pool(images, boxes, box_indices, output_size=None, spatial_scale=1.0, method="max",
              extrapolation_value=0.0, data_format="NHWC", name=None, *, crop_size=None,
              n_threads=None):
@@ -424,6 +431,7 @@ def _roi_pool(images, boxes, box_indices, out_hw, spatial_scale, method,
                   graph_argmax=graph_argmax)
 
 
+@_not_converted
 def psroi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, output_channels=None,
                group_size=None, data_format="NHWC", name=None, *, n_threads=None):
     """Position-sensitive RoI average pooling (R-FCN) of ``images`` over ABSOLUTE ``boxes`` [y1, x1, y2, x2].
@@ -484,6 +492,7 @@ def psroi_pool(images, boxes, box_indices, output_size, spatial_scale=1.0, outpu
                   out_hw, out_channels, native, forward=forward, backward=backward)
 
 
+@_not_converted
 def roi_align(images, boxes, box_indices, output_size, spatial_scale=1.0, sampling_ratio=-1,
               aligned=False, data_format="NHWC", name=None, *, n_threads=None):
     """RoIAlign (Mask R-CNN) of ``images`` (NHWC by default) over ABSOLUTE ``boxes`` [y1, x1, y2, x2].

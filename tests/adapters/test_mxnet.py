@@ -1037,10 +1037,12 @@ ERROR_CASES = {
 
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("what", list(ERROR_CASES))
-def test_user_errors_are_the_raised_exception(what, mode):
+def test_user_errors_are_the_raised_exception(what, mode, capfd):
     """Wherever MXNet runs the op, the user's mistake is the message of the exception the
-    user gets (MXNet's own would only name the failed CustomOp callback)."""
+    user gets (MXNet's own would only name the failed CustomOp callback), and what MXNet
+    prints of it is one line, not a traceback."""
     op, kw, rois, message = ERROR_CASES[what]
+    capfd.readouterr()
     net = _Block(op, kw)
     net.initialize()
     if MODES[mode] is not None:
@@ -1051,6 +1053,10 @@ def test_user_errors_are_the_raised_exception(what, mode):
     for _ in range(2 if what == "batch index" else 1):
         with pytest.raises(ValueError, match=message):
             net(x, rois).asnumpy()
+    printed = capfd.readouterr()
+    assert "Traceback" not in printed.out + printed.err, printed
+    for line in (printed.out + printed.err).splitlines():
+        assert re.match(r"Error in \w+(\.\w+)?: ValueError: ", line), printed
 
 
 @pytest.mark.parametrize("call, error, message", [

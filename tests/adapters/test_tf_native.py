@@ -458,3 +458,36 @@ def test_raw_ops_refuse_bad_input_with_invalid_argument(library):
     for call, message in cases:
         with pytest.raises(tf.errors.InvalidArgumentError, match=message):
             call()
+
+
+def test_first_use_inside_tf_function_prints_nothing(library, tmp_path):
+    """The first op of a process inside a tf.function, and a SavedModel export of a
+    tf.Module, print no AutoGraph warnings: AutoGraph does not convert the adapter's Python
+    (nor the op library's load and its compiler check).  A script file, as AutoGraph reads
+    the source of what it converts."""
+    script = tmp_path / "first_use.py"
+    script.write_text(textwrap.dedent(f"""
+        import tensorflow as tf
+        from roicore.adapters import tf as rtf
+
+        @tf.function
+        def pooled(x, b, i):
+            return rtf.roi_pool(x, b, i, 2), rtf.roi_align(x, b, i, 2)
+
+        class Head(tf.Module):
+            @tf.function(input_signature=[tf.TensorSpec([None, 4, 4, 4]),
+                                          tf.TensorSpec([None, 4]),
+                                          tf.TensorSpec([None], tf.int32)])
+            def __call__(self, x, b, i):
+                return rtf.psroi_pool(x, b, i, 2)
+
+        x, b, i = tf.ones((1, 4, 4, 4)), tf.constant([[0, 0, .5, .5]]), tf.constant([0])
+        print([tuple(t.shape) for t in pooled(x, b, i)])
+        tf.saved_model.save(Head(), {str(tmp_path / "saved")!r})
+    """))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.stdout.splitlines()[-1] == "[(1, 2, 2, 4), (1, 2, 2, 4)]"
+    assert "AutoGraph" not in proc.stdout + proc.stderr, proc.stderr

@@ -42,6 +42,10 @@ NEEDS = {"paddle": "paddle", "paddle_legacy": "paddle", "tf": "tensorflow",
          "tensorflow": "tensorflow", "keras": "tensorflow", "mxnet": "mxnet", "torch": "torch",
          "torchvision": "torchvision", "openvino": "openvino"}
 
+# what an example must not print: warnings that the example, or roicore, can avoid (the
+# frameworks' own import-time notices are not among them)
+_STRAY = re.compile(r"AutoGraph could not|will not produce any effect|Traceback|Error in \w+|"
+                    r"DeviceCopyWarning|NativeOpsWarning|no variable in your model")
 _SECONDS = re.compile(r"\(\d+(?:\.\d+)? s\)")
 _FENCE = re.compile(r"^```(\w*)[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 _IMPORT = re.compile(r"^[ \t]*(?:from|import)[ \t]+([\w.]+)", re.M)
@@ -174,6 +178,8 @@ def test_example(example, tmp_path):
     if example.expected is not None:
         assert _normalised(proc.stdout) == _normalised(example.expected), (
             f"{example.id} printed something else than its text block:\n{proc.stdout}")
+    stray = _STRAY.findall(proc.stderr)
+    assert not stray, f"{example.id} printed {stray} to stderr:\n{proc.stderr[-3000:]}"
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=[c.id for c in SAMPLES])
@@ -203,3 +209,8 @@ def test_c_example(example, tmp_path):
     assert proc.returncode == 0, f"{example.id} exited with {proc.returncode}: {proc.stdout}"
     assert example.expected is not None, f"{example.id} shows no output"
     assert _normalised(proc.stdout) == _normalised(example.expected)
+
+
+def test_readme_stays_short():
+    """README is user documentation of 300 lines at most; depth goes to docs/."""
+    assert len((REPO / "README.md").read_text().splitlines()) <= 300
