@@ -358,10 +358,17 @@ def _on(y: Tensor, device) -> Tensor:
 
 
 def _prepare(input, boxes, output_size, spatial_scale, op):
-    """Checked (input on the host, rois on the host, pooled size, spatial_scale)."""
+    """Checked (input on the host, rois on the host, pooled size, spatial_scale).  Meta
+    tensors carry shapes, not values: a meta ``input`` takes the op's fake (shape-only)
+    implementation, as torchvision's meta kernels do."""
     _check_input(input, op)
     rois = _rois(boxes, input, op)
     size, scale = _output_size(output_size, op), _scale(spatial_scale, op)
+    if input.device.type == "meta":
+        return input, rois.to("meta"), size, scale
+    if rois.device.type == "meta":
+        raise ValueError(f"{op}: boxes is on the meta device, which holds no values, but input "
+                         f"is on {input.device}; put both on one device")
     return _host(input, "input", op), _host(rois, "boxes", op), size, scale
 
 

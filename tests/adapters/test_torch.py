@@ -391,47 +391,71 @@ def device_policy():
     _common._warned.update(warned)
 
 
+class _OffHost:
+    """Stands in for a tensor on a GPU (none is needed): its device, and its copy."""
+
+    def __init__(self, tensor, device="cuda:7"):
+        self.device, self._tensor = torch.device(device), tensor
+
+    def cpu(self):
+        return self._tensor.clone()
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_off_host_tensors_are_refused_under_policy_error(op, device_policy):
-    """No GPU is needed: a tensor on the meta device is off the host like a CUDA one."""
     device_policy("error")
-    x = torch.empty(1, 4, 6, 6, device="meta")
-    b = torch.tensor([[0, 0, 0, 4, 4.0]])
-    with pytest.raises(ValueError, match=rf"roicore.adapters.torch: {op}: input is on meta, but "
-                                         r"roicore computes on the CPU"):
-        getattr(rt, op)(x, b, 2)
-    with pytest.raises(ValueError, match=rf"{op}: boxes is on meta"):
-        getattr(rt, op)(torch.ones(1, 4, 6, 6), b.to("meta"), 2)
+    for name in ("input", "boxes"):
+        with pytest.raises(ValueError, match=rf"roicore.adapters.torch: {op}: {name} is on "
+                                             r"cuda:7, but roicore computes on the CPU"):
+            rt._host(_OffHost(torch.ones(2)), name, op)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_meta_tensors_take_the_fake_implementation(op, device_policy):
+    """Meta tensors hold shapes only, as for torchvision's meta kernels: the output and the
+    gradient are meta tensors of torchvision's shapes; no copy, so no warning or refusal."""
+    device_policy("error")
+    x = torch.randn(2, 8, 6, 6)
+    b = torch.tensor([[0, 0, 0, 4, 4.0], [1, 1, 1, 5, 3]])
+    want = getattr(native, op)(x.to("meta"), b.to("meta"), 2, 0.5)
+    for boxes in (b.to("meta"), b, [b[:1, 1:].to("meta"), b[1:, 1:].to("meta")]):
+        xm = x.to("meta").requires_grad_(True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            y = getattr(rt, op)(xm, boxes, 2, 0.5)
+            y.sum().backward()
+        assert (y.device.type, y.shape, y.dtype) == ("meta", want.shape, want.dtype)
+        assert (xm.grad.device.type, xm.grad.shape) == ("meta", x.shape)
+    with pytest.raises(ValueError, match=rf"{op}: boxes is on the meta device, which holds no "
+                                         r"values, but input is on cpu"):
+        getattr(rt, op)(x, b.to("meta"), 2)
 
 
 def test_off_host_tensors_warn_once_then_copy(device_policy, monkeypatch):
-    """Under policy "copy", a tensor off the host warns once per device and is copied: shown
-    with the meta device (whose data cannot be copied, so torch then refuses), and, for the
-    values and the gradient through the copies, with a CPU tensor that the adapter is told
+    """Under policy "copy", a tensor off the host warns once per device and is copied; for
+    the values and the gradient through the copies, a CPU tensor that the adapter is told
     lives elsewhere."""
     device_policy("copy")
     _common._warned.clear()
-    x = torch.empty(1, 4, 6, 6, device="meta")
-    b = torch.tensor([[0, 0, 0, 4, 4.0]])
-    with pytest.warns(DeviceCopyWarning, match=r"roi_align: input is on meta; roicore computes "
-                                               r"on the CPU, so inputs are copied"):
-        with pytest.raises(NotImplementedError):
-            rt.roi_align(x, b, 2)
+    with pytest.warns(DeviceCopyWarning, match=r"roi_align: input is on cuda:7; roicore "
+                                               r"computes on the CPU, so inputs are copied"):
+        rt._host(_OffHost(torch.ones(2)), "input", "roi_align")
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeviceCopyWarning)   # once per device
-        with pytest.raises(NotImplementedError):
-            rt.roi_align(x, b, 2)
+        assert torch.equal(rt._host(_OffHost(torch.ones(2)), "input", "roi_align"),
+                           torch.ones(2))
+    b = torch.tensor([[0, 0, 0, 4, 4.0]])
 
     copies = []
 
     def host(t, name, op):
-        _common.off_host("torch", f"{op}: {name}", "cuda:7")
+        _common.off_host("torch", f"{op}: {name}", "cuda:6")
         copies.append(name)
         return t.clone()                               # the copy to the host
 
     monkeypatch.setattr(rt, "_host", host)
     xc = torch.randn(1, 4, 6, 6, requires_grad=True)
-    with pytest.warns(DeviceCopyWarning, match=r"input is on cuda:7"):
+    with pytest.warns(DeviceCopyWarning, match=r"input is on cuda:6"):
         y = rt.roi_align(xc, b, 2)
     assert copies == ["input", "boxes"]
     y.sum().backward()
