@@ -21,17 +21,19 @@ def fmt_mb(mb):
 
 def ms_cell(median, lo, hi, rounds):
     """Median ms, and the fastest and slowest round in brackets when there are several."""
-    return fmt_ms(median) + (f" [{fmt_ms(lo)}-{fmt_ms(hi)}]" if rounds > 1 else "")
+    return fmt_ms(median) + (f" [{fmt_ms(lo)}, {fmt_ms(hi)}]" if rounds > 1 else "")
 
 
-def row_ms(r):
-    return ms_cell(r["median_ms"], r["min_ms"], r["max_ms"], len(r["times_ms"]))
+def row_ms(r, spread=True):
+    return ms_cell(r["median_ms"], r["min_ms"], r["max_ms"], len(r["times_ms"]) if spread else 1)
 
 
 def ratio_cell(value, spread, digits=2, unit=""):
-    lo, hi = spread
+    """The value, and its range in brackets; ``spread`` None: the value alone."""
     text = f"{value:.{digits}f}{unit}"
-    return text if lo == hi else text + f" [{lo:.{digits}f}-{hi:.{digits}f}{unit}]"
+    if spread is None or spread[0] == spread[1]:
+        return text
+    return text + f" [{spread[0]:.{digits}f}{unit}, {spread[1]:.{digits}f}{unit}]"
 
 
 # ----------------------------------------------------------------------------- labels
@@ -83,18 +85,27 @@ def _errors(report):
 
 
 # ----------------------------------------------------------------------------- compare mode
+def _spread(report):
+    """Whether cells show their rounds' range: not for --quick, a smoke run whose ranges
+    mean nothing (and whose every framework would widen the table past a terminal)."""
+    return not report.get("quick")
+
+
 def _main_table(report, labels, by):
     natives = [n for n, i in report["frameworks"].items() if n != "roicore" and i.get("version")]
+    spread = _spread(report)
     rows = []
     for key, got in by.items():
         c = got.get(("roicore", "core", ""))
-        row = list(key) + [row_ms(c) if c else "-", fmt_mb(c.get("extra_mb")) if c else "-"]
+        row = list(key) + [row_ms(c, spread) if c else "-",
+                           fmt_mb(c.get("extra_mb")) if c else "-"]
         for n in natives:
             r = got.get((n, "native", ""))
-            row.append(f"{r['ratio']:.1f}x {row_ms(r)}" if r and "ratio" in r else "-")
+            row.append(f"{r['ratio']:.1f}x {row_ms(r, spread)}" if r and "ratio" in r else "-")
         rows.append(row)
     return Table(f"native time / roicore.core time (> 1: roicore faster); then milliseconds, "
-                 f"the median of {report['repeats']} round(s) [fastest-slowest]",
+                 f"the median of {report['repeats']} round(s)"
+                 + (" [fastest, slowest]" if spread else ""),
                  [h for _, h in labels] + ["roicore ms", "extra MB"] + natives, rows,
                  "l" * len(labels) + "rr" + "r" * len(natives))
 
@@ -104,10 +115,15 @@ def _adapter_columns(by):
     return list(dict.fromkeys((fw, v) for got in by.values() for fw, k, v in got if k == "adapter"))
 
 
-def _adapter_table(labels, by):
+def _adapter_table(report, labels, by):
     """One line per adapter and workload row: its time against roicore.core in its own
     process, net of the framework's autograd, and against the framework's own operator."""
     cols = _adapter_columns(by)
+    spread = _spread(report)
+
+    def ratio(r, field, **kw):
+        return ratio_cell(r[field], r[f"{field}_range"] if spread else None, **kw)
+
     rows = []
     for key, got in by.items():
         for fw, v in cols:
@@ -117,17 +133,17 @@ def _adapter_table(labels, by):
             net = r.get("net_overhead")
             rows.append(list(key) + [
                 fw + (f" {v}" if v else ""), fmt_ms(r["median_ms"]), fmt_ms(r["core_ms"]),
-                ratio_cell(r["overhead"], r["overhead_range"]),
-                ratio_cell(net, r["net_overhead_range"]) if net is not None else "-",
+                ratio(r, "overhead"),
+                ratio(r, "net_overhead") if net is not None else "-",
                 fmt_ms(r["autograd_ms"]) if "autograd_ms" in r else "-",
-                ratio_cell(r["vs_native"], r["vs_native_range"], unit="x")
-                if "vs_native" in r else "-"])
+                ratio(r, "vs_native", unit="x") if "vs_native" in r else "-"])
     if not rows:
         return []
     return [Text(""), Table(
         "adapters: overhead = adapter time / roicore.core time in the adapter's process; net = "
         "(adapter - autograd) / core; vs native = native time / adapter time in that process "
-        "(> 1: the adapter is faster); each the median of the rounds' ratios [lowest-highest]",
+        "(> 1: the adapter is faster); each the median of the rounds' ratios"
+        + (" [lowest, highest]" if spread else ""),
         [h for _, h in labels] + ["adapter", "adapter ms", "core ms", "overhead", "net",
                                   "autograd ms", "vs native"],
         rows, "l" * (len(labels) + 1) + "rrrrrr")]
@@ -151,7 +167,7 @@ def _convention_tables(report, labels):
             table.append(list(key) + [f"{row_ms(by_conv[c])} ({by_conv[c]['median_ms'] / fastest:.2f}x)"
                                       if c in by_conv else "-" for c in convs])
         out += [Text(""), Table(
-            f"roicore.core {op} by convention: median ms [fastest-slowest round] (time / the "
+            f"roicore.core {op} by convention: median ms [fastest, slowest round] (time / the "
             "fastest convention's time)", [h for _, h in labels] + convs, table,
             "l" * len(labels) + "r" * len(convs))]
     return out
@@ -170,7 +186,7 @@ def _dtype_table(report):
               ratio_cell(r["vs_float32"], r["vs_float32_range"], unit="x")] for r in rows]
     return [Text(""), Table(
         "roicore.core in float64 against float32: float64 time / float32 time, median of the "
-        "rounds' ratios [lowest-highest]",
+        "rounds' ratios [lowest, highest]",
         ["workload", "op", "direction", "float32 ms", "float64 ms", "float64 / float32"],
         table, "lllrrr")]
 
@@ -233,7 +249,7 @@ def compare_blocks(report):
     threads = report["threads"]
     blocks = _heading(report, f", {threads} thread(s) for every contender") + [Text("")]
     blocks.append(_main_table(report, labels, by))
-    blocks += _adapter_table(labels, by)
+    blocks += _adapter_table(report, labels, by)
     blocks += _convention_tables(report, labels)
     blocks += _dtype_table(report)
     blocks += _compare_notes(report)
@@ -275,8 +291,8 @@ def sweep_blocks(report):
     env = report["environment"]
     blocks = _heading(report, f" --threads {','.join(map(str, counts))}") + [Text(""), Table(
         f"roicore.core alone at {', '.join(map(str, counts))} threads: median ms of "
-        f"{report['repeats']} interleaved round(s) [fastest-slowest]; speedup over "
-        f"{counts[0]} thread(s) [the rounds' lowest-highest]",
+        f"{report['repeats']} interleaved round(s) [fastest, slowest]; speedup over "
+        f"{counts[0]} thread(s) [the rounds' lowest, highest]",
         head, rows, "l" * (len(labels) + show_conv + 1) + "r" * (width - len(labels) - show_conv - 1)
         + ("l" if show_target else ""))]
     blocks.append(Text(""))
@@ -340,7 +356,7 @@ def baseline_blocks(report):
     when = ", ".join(x for x in (c["baseline_date"], c["baseline_command"]) if x)
     blocks = [Text(""), Table(
         f"against the baseline {c['baseline']}" + (f" ({when})" if when else "")
-        + f": roicore's rows, median ms [fastest-slowest round]; regressed: the fastest round "
+        + f": roicore's rows, median ms [fastest, slowest round]; regressed: the fastest round "
         f"now slower than the baseline's slowest by more than {c['threshold_percent']:g}%",
         head, rows, "llllllrrrl")]
     blocks += [Note(n) for n in c["notes"]]

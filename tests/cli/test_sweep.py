@@ -85,7 +85,7 @@ def test_bench_scaling_quick(scaling_quick):
     assert "ms 1 thr ms 2 thr speedup ns/elem 2 thr extra MB" in out
     for s in report["scaling"]:
         lo, hi = min(s["round_speedups"][1]), max(s["round_speedups"][1])
-        assert f"{s['speedup'][1]:.2f}x [{lo:.2f}-{hi:.2f}x]" in out, s
+        assert f"{s['speedup'][1]:.2f}x [{lo:.2f}x, {hi:.2f}x]" in out, s
     assert "not evaluated on this run (the workloads are scaled down)" in out
     assert "MISSED" not in out
     # the memory bandwidth the speedups are bounded by, at both thread counts
