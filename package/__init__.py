@@ -8,11 +8,17 @@ Importing ``roicore`` imports none of them (nor NumPy, nor any framework).  It i
 package, so a ``roicore/`` folder in the working directory (a clone of the repository, for
 one) cannot take its place.  The checkout maps this directory to ``roicore`` (setup.py).
 """
-from importlib import metadata as _metadata
-
-try:
-    __version__ = _metadata.version("roicore")
-except _metadata.PackageNotFoundError:  # pragma: no cover - run from an uninstalled tree
-    __version__ = "unknown"
-
 __all__ = ["__version__"]
+
+
+def __getattr__(name):
+    # looked up on first use: importlib.metadata costs more than the rest of the import
+    if name == "__version__":
+        from importlib import metadata
+        try:
+            version = metadata.version("roicore")
+        except metadata.PackageNotFoundError:  # pragma: no cover - an uninstalled tree
+            version = "unknown"
+        globals()["__version__"] = version
+        return version
+    raise AttributeError(f"module 'roicore' has no attribute {name!r}")
