@@ -56,6 +56,7 @@ __all__ = [
     "ps_roi_align_backward", "conventions", "args", "operators", "openmp_enabled", "effective_n_threads",
     "set_output_cache_limit", "release_output_cache", "output_cache_stats",
     "get_memory_limit", "set_memory_limit", "get_include", "get_library_dir", "get_link_args",
+    "get_runtime",
 ]
 
 
@@ -74,3 +75,12 @@ def get_link_args():
     """What a native operator's link step needs to use the library: ``-L<dir> -lroicore``,
     and the OpenMP runtime when the library was built with OpenMP."""
     return ["-L" + get_library_dir(), "-lroicore"] + (["-fopenmp"] if openmp_enabled() else [])
+
+
+def get_runtime():
+    """The address of this process's roicore runtime (``roicore_runtime_current()`` in
+    ``roicore.h``): the memory limit, the kept scratch and the Ctrl-C watch of
+    roicore.core's C library.  A native operator library that links its own copy of the
+    library shares them by passing it to ``roicore_runtime_share``; roicore's own libraries
+    export ``roicore_native_share_runtime`` for it, which the adapters call on loading."""
+    return _binding.runtime_address()

@@ -9,8 +9,10 @@ conversions; the functions under "boxes" expose them, and the header's limits ar
 module constants.
 
 While a call runs on the main thread, the C API polls this binding every few tens of
-milliseconds; a pending signal (Ctrl-C) then stops every thread at its next piece of work
-and the call raises the signal's exception (KeyboardInterrupt).
+milliseconds; a pending signal then stops every thread at its next piece of work and the
+call raises the signal's exception.  The C library watches SIGINT itself too (from this
+module's import), which stops Ctrl-C'd calls on other threads and in the native operator
+libraries: they raise KeyboardInterrupt.
 """
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.exc cimport PyErr_CheckSignals
@@ -285,8 +287,13 @@ cdef class _Call:
     cdef int check(self, roicore_status status) except -1:
         if status == ROICORE_OK:
             return 0
-        if status == ROICORE_ERR_INTERRUPTED and self.raised:
-            raise self.raised[0]
+        if status == ROICORE_ERR_INTERRUPTED:
+            if self.raised:
+                raise self.raised[0]
+            if _get_ident() == _MAIN_THREAD:
+                # stopped by the C library's Ctrl-C watch before this thread's poll saw the
+                # signal: Python's own exception for it, once, rather than a second one
+                PyErr_CheckSignals()
         raise _exception(status, &self.err)
 
 
@@ -600,3 +607,14 @@ def set_memory_limit(int64_t nbytes):
 
 def release_scratch():
     return roicore_release_scratch()
+
+
+def runtime_address():
+    """The address of this library's runtime (roicore_runtime_current), for the native
+    operator libraries to share (roicore_native_share_runtime)."""
+    return <size_t>roicore_runtime_current()
+
+
+# Ctrl-C stops calls running in any thread, and in the native operator libraries that
+# share this runtime (roicore.h: roicore_watch_interrupts).
+roicore_watch_interrupts(NULL)

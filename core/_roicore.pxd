@@ -198,3 +198,11 @@ cdef extern from "roicore.h" nogil:
     int64_t roicore_get_scratch_keep_limit()
     roicore_status roicore_set_scratch_keep_limit(int64_t nbytes)
     int64_t roicore_release_scratch()
+    roicore_status roicore_check_allocation(int64_t bytes, const char *what, roicore_error *err)
+    int64_t roicore_mul(int64_t a, int64_t b)
+
+    ctypedef struct roicore_runtime:
+        pass
+    roicore_runtime *roicore_runtime_current()
+    roicore_status roicore_runtime_share(roicore_runtime *runtime, roicore_error *err)
+    roicore_status roicore_watch_interrupts(roicore_error *err)

@@ -150,6 +150,8 @@ def ps_channels(output_size, group_size, C, output_channels, channels_of="x"):
 # ---------------------------------------------------------------------------------------
 # arrays
 
+_INT64_MAX = 2**63 - 1
+
 def contiguous(arr, dtype=None):
     """``arr`` C-contiguous, aligned and (when given) of ``dtype``: a copy only if needed.
     (np.ascontiguousarray keeps an unaligned array as it is.)"""
@@ -162,6 +164,9 @@ def empty(shape, dtype, name="out"):
     cache, refused with MemoryError naming ``name`` and the bytes when it would pass
     roicore's memory limit (before anything is allocated)."""
     nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+    if nbytes > _INT64_MAX:   # no limit (0) lets it through, and NumPy's error says little
+        raise MemoryError(f"{name} of shape {tuple(shape)} ({np.dtype(dtype)}) would take "
+                          "more than 2**63 bytes")
     _memory.check_limit(nbytes, f"{name} of shape {tuple(shape)} ({np.dtype(dtype)})")
     return _memory.empty(shape, dtype)
 

@@ -33,7 +33,7 @@ import tempfile
 from typing import Iterable, Mapping, Sequence
 
 __all__ = ["NativeBuildError", "cache_root", "build_directory", "locked", "find_compiler",
-           "compiler_version", "file_digest", "build_shared_library"]
+           "compiler_version", "file_digest", "build_shared_library", "share_runtime"]
 
 log = logging.getLogger("roicore.native")
 
@@ -249,3 +249,21 @@ def _diagnostics(output: str) -> str:
               and ("error:" in line or "Error" in line or "undefined reference" in line)]
     text = "\n".join(errors[:_ERROR_LINES]) if errors else output.strip()
     return text[-_LOG_TAIL:]
+
+
+def share_runtime(path: os.PathLike | str) -> bool:
+    """Point the copy of roicore's C library inside the loaded native library ``path`` at
+    roicore.core's runtime (roicore.h: roicore_runtime_share), so that the memory limit,
+    the scratch cache and its release, and Ctrl-C act on it too.  False when the library
+    cannot share it (one built by an older roicore has no roicore_native_share_runtime);
+    it then keeps settings of its own."""
+    import ctypes
+
+    from roicore import core
+    try:
+        # the library is loaded already: dlopen hands back the same handle
+        share = ctypes.CDLL(str(path)).roicore_native_share_runtime
+    except (OSError, AttributeError):
+        return False
+    share.argtypes, share.restype = [ctypes.c_void_p], ctypes.c_int
+    return share(core.get_runtime()) == 0

@@ -128,6 +128,7 @@ def load() -> pathlib.Path:
                 load_op_meta_info_and_register_op)
             path = library_path()
             load_op_meta_info_and_register_op(str(path))
+            build.share_runtime(path)
             _loaded = path
         return _loaded
 

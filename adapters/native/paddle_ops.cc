@@ -35,6 +35,15 @@ PADDLE_API void TransDataLayoutFromOneDNN(DataLayout in_layout, DataLayout out_l
 }  // namespace funcs
 }  // namespace phi
 
+// The one symbol this library exports besides the framework's registrations: it points
+// the library's copy of roicore's C library at the runtime of roicore.core's (memory
+// limit, kept scratch, Ctrl-C; see roicore.h), which roicore.adapters does right after
+// loading it.  0 when shared, else the C API's status.
+extern "C" __attribute__((visibility("default"))) int roicore_native_share_runtime(
+    void* runtime) {
+  return roicore_runtime_share(static_cast<roicore_runtime*>(runtime), nullptr);
+}
+
 namespace {
 
 // ------------------------------------------------------------------------ errors
@@ -57,7 +66,9 @@ void check(int status, const roicore_error& err, const std::string& op) {
       fail(common::ErrorCode::RESOURCE_EXHAUSTED, op, err.message);
     case ROICORE_ERR_UNSUPPORTED:
       fail(common::ErrorCode::UNIMPLEMENTED, op, err.message);
-    default:  // ARGUMENT, VALUE (INTERRUPTED cannot happen: no poll callback is given)
+    case ROICORE_ERR_INTERRUPTED:  // Ctrl-C (Python raises its KeyboardInterrupt after it)
+      fail(common::ErrorCode::UNAVAILABLE, op, err.message);
+    default:  // ARGUMENT, VALUE
       invalid(op, err.message);
   }
 }
@@ -200,19 +211,14 @@ roicore_exec exec_of(int n_threads) {
   return exec;
 }
 
-// An output of `dims` and x's dtype, checked against roicore's memory limit first.
+// An output of `dims` and `dtype`, checked against roicore's memory limit first (sizes
+// that overflow included: paddle::empty would not survive them).
 paddle::Tensor output(const std::vector<int64_t>& dims, paddle::DataType dtype,
                       const std::string& op) {
-  const int64_t limit = roicore_get_memory_limit();
   int64_t bytes = dtype == paddle::DataType::FLOAT64 || dtype == paddle::DataType::INT64 ? 8 : 4;
-  for (int64_t d : dims) {
-    if (d != 0 && bytes > INT64_MAX / d) bytes = INT64_MAX;
-    else bytes *= d;
-  }
-  if (limit > 0 && bytes > limit)
-    fail(common::ErrorCode::RESOURCE_EXHAUSTED, op,
-         "the output of shape " + dims_text(dims) + " needs " + std::to_string(bytes) +
-             " bytes, more than roicore's memory limit of " + std::to_string(limit));
+  for (int64_t d : dims) bytes = roicore_mul(bytes, d);
+  const std::string what = "the output of shape " + dims_text(dims);
+  call(op, [&](roicore_error* err) { return roicore_check_allocation(bytes, what.c_str(), err); });
   return paddle::empty(dims, dtype, paddle::CPUPlace());
 }
 

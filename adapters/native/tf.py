@@ -69,7 +69,9 @@ def load():
     every later call returns the same module."""
     with _lock:
         if "module" not in _loaded:
-            _loaded["module"] = tf.load_op_library(str(library_path()))
+            path = str(library_path())
+            _loaded["module"] = tf.load_op_library(path)
+            _loaded["shared_runtime"] = build.share_runtime(path)
         return _loaded["module"]
 
 

@@ -29,6 +29,15 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
+// The one symbol this library exports besides the framework's registrations: it points
+// the library's copy of roicore's C library at the runtime of roicore.core's (memory
+// limit, kept scratch, Ctrl-C; see roicore.h), which roicore.adapters does right after
+// loading it.  0 when shared, else the C API's status.
+extern "C" __attribute__((visibility("default"))) int roicore_native_share_runtime(
+    void* runtime) {
+  return roicore_runtime_share(static_cast<roicore_runtime*>(runtime), nullptr);
+}
+
 namespace roicore_tf {
 namespace {
 
@@ -139,12 +148,22 @@ class RoiKernel : public OpKernel {
     return absl::OkStatus();
   }
 
-  // (n, c, h, w) in this op's layout.
-  TensorShape Shape4(int64_t n, int64_t c, int64_t h, int64_t w) const {
-    return nhwc_ ? TensorShape({n, h, w, c}) : TensorShape({n, c, h, w});
+  // `what`'s shape (n, c, h, w) in this op's layout.  TensorShape's constructor aborts the
+  // process when the sizes overflow, so the shape is built with a status: too many
+  // elements are InvalidArgument, as roicore.core refuses them.
+  Status Shape4(const char* what, int64_t n, int64_t c, int64_t h, int64_t w,
+                TensorShape* shape) const {
+    const Status built = nhwc_ ? TensorShape::BuildTensorShape({n, h, w, c}, shape)
+                               : TensorShape::BuildTensorShape({n, c, h, w}, shape);
+    if (!built.ok()) {
+      return Invalid(what, " of shape (K, C, H, W) = (", n, ", ", c, ", ", h, ", ", w,
+                     ") has more elements than a tensor can hold: ", built.message());
+    }
+    return absl::OkStatus();
   }
 
-  // The forward's image shape from a gradient op's `image_size` input.
+  // The forward's image shape from a gradient op's `image_size` input (in this op's
+  // layout).
   Status ImageSize(const Tensor& size, TensorShape* shape) const {
     if (size.dims() != 1 || size.NumElements() != 4) {
       return Invalid("image_size must have 4 elements, got shape ",
@@ -152,9 +171,13 @@ class RoiKernel : public OpKernel {
     }
     auto v = size.vec<int32_t>();
     for (int i = 0; i < 4; ++i) {
-      if (v(i) < 0) return Invalid("image_size must be non-negative");
+      if (v(i) < 0) return Invalid("image_size must be non-negative, got ", v(i));
     }
-    *shape = TensorShape({v(0), v(1), v(2), v(3)});
+    const Status built = TensorShape::BuildTensorShape({v(0), v(1), v(2), v(3)}, shape);
+    if (!built.ok()) {
+      return Invalid("image_size [", v(0), ", ", v(1), ", ", v(2), ", ", v(3),
+                     "] has more elements than a tensor can hold: ", built.message());
+    }
     return absl::OkStatus();
   }
 
@@ -214,9 +237,16 @@ class RoiKernel : public OpKernel {
     return ImageSize(ctx->input(3), image_shape);
   }
 
-  // Output `index`, of `shape` in this op's layout, described for the C library.
+  // Output `index`, of `shape` in this op's layout, described for the C library; refused
+  // beforehand (ResourceExhausted) when it would pass roicore's memory limit.
   Status Allocate(OpKernelContext* ctx, int index, const TensorShape& shape,
                   roicore_out_tensor* out) const {
+    const int64_t bytes = roicore_mul(shape.num_elements(), static_cast<int64_t>(
+        tensorflow::DataTypeSize(ctx->expected_output_dtype(index))));
+    const std::string what = absl::StrCat("the output of shape ", shape.DebugString());
+    TF_RETURN_IF_ERROR(Check([&](roicore_error* err) {
+      return roicore_check_allocation(bytes, what.c_str(), err);
+    }));
     Tensor* t = nullptr;
     TF_RETURN_IF_ERROR(ctx->allocate_output(index, shape, &t));
     return Describe(*t, "output", "", out);
@@ -233,7 +263,9 @@ class RoiKernel : public OpKernel {
     OP_REQUIRES(ctx, x.c % group == 0,
                 Invalid("images has C=", x.c, " channels, which is not a multiple of the "
                         "group area ", group));
-    OP_REQUIRES_OK(ctx, Allocate(ctx, 0, Shape4(boxes.view.k, x.c / group, ph, pw), &out));
+    TensorShape shape;
+    OP_REQUIRES_OK(ctx, Shape4("the output", boxes.view.k, x.c / group, ph, pw, &shape));
+    OP_REQUIRES_OK(ctx, Allocate(ctx, 0, shape, &out));
     const roicore_exec exec = Exec(ctx);
     OP_REQUIRES_OK(ctx, Check([&](roicore_error* err) {
       return call(&x, &boxes.view, &out, &exec, err);
@@ -263,7 +295,8 @@ class RoiPoolMaxOp : public RoiKernel {
     roicore_out_tensor out;
     Boxes boxes;
     OP_REQUIRES_OK(ctx, ReadForward(ctx, &x, &boxes));
-    const TensorShape shape = Shape4(boxes.view.k, x.c, ph_, pw_);
+    TensorShape shape;
+    OP_REQUIRES_OK(ctx, Shape4("the output", boxes.view.k, x.c, ph_, pw_, &shape));
     OP_REQUIRES_OK(ctx, Allocate(ctx, 0, shape, &out));
     // The argmax only when a gradient may need it: asked for, and used downstream (a
     // graph that never differentiates leaves it unused, and it is not computed).
@@ -279,6 +312,10 @@ class RoiPoolMaxOp : public RoiKernel {
       OP_REQUIRES(ctx, type == ROICORE_INT32,
                   Invalid("feature maps of ", x.h, "x", x.w,
                           " >= 2**31 pixels per plane are not supported"));
+      OP_REQUIRES_OK(ctx, Check([&](roicore_error* err) {
+        return roicore_check_allocation(roicore_mul(shape.num_elements(), 4), "the argmax",
+                                        err);
+      }));
       OP_REQUIRES_OK(ctx, ctx->allocate_output(1, shape, &argmax));
     }
     const roicore_exec exec = Exec(ctx);

@@ -147,9 +147,13 @@ typedef struct {
     int n_threads;
     int (*poll)(void *arg);
     void *poll_arg;
-    int stop;
-    int64_t next_poll_ns;  /* the calling thread's: when to poll next */
+    int stop;                    /* 0, or why the call stops: ROICORE_STOP_* */
+    int64_t next_poll_ns;        /* the calling thread's: when to poll next */
+    const int64_t *interrupts;   /* the runtime's SIGINT count, when Ctrl-C is watched */
+    int64_t interrupts_seen;     /* its value when the call started */
 } roicore_run;
+
+enum { ROICORE_STOP_POLL = 1, ROICORE_STOP_SIGINT = 2 };
 
 /* An exec's own consistency (NULL: the defaults): thread count, reserved fields. */
 int roicore_check_exec(const roicore_exec *exec, roicore_error *err);
@@ -160,7 +164,7 @@ void roicore_run_init(roicore_run *run, const roicore_exec *exec);
  * returns nonzero when the call should stop. */
 int roicore_run_poll(roicore_run *run);
 static inline int roicore_stopping(roicore_run *run) {
-    if (run->poll && omp_get_thread_num() == 0) return roicore_run_poll(run);
+    if ((run->poll || run->interrupts) && omp_get_thread_num() == 0) return roicore_run_poll(run);
     return __atomic_load_n(&run->stop, __ATOMIC_RELAXED);
 }
 
@@ -214,9 +218,6 @@ void roicore_scratch_free(void *p);
  * advises its own large arrays the same way; other frameworks' allocators do not.  Only
  * the whole huge pages inside [data, data + bytes) are advised; a no-op elsewhere. */
 void roicore_advise_output(void *data, int64_t bytes);
-
-/* a*b (and a*b*c...) in int64 unless it overflows: then -1 */
-int64_t roicore_mul(int64_t a, int64_t b);
 
 /* Zeroed counters, each on a line of its own: counter i is c[i * ROICORE_COUNTER_STRIDE]. */
 int64_t *roicore_counters(int n, roicore_error *err);

@@ -49,8 +49,9 @@
  *
  * LINKING.  roicore is a static library: link libroicore.a (position-independent; with
  * -fopenmp when it was built with OpenMP) into your program or module.  Its symbols have
- * hidden visibility, so each shared object that links it keeps them, and its own copy of
- * the process-wide settings, to itself.  This header needs only C99.
+ * hidden visibility, so each shared object that links it keeps them to itself, with its
+ * own copy of the process-wide settings: its runtime.  roicore_runtime_share makes copies
+ * share one runtime (see below).  This header needs only C99.
  */
 #ifndef ROICORE_H
 #define ROICORE_H
@@ -97,7 +98,7 @@ typedef enum {
     ROICORE_ERR_ARGUMENT = 1,    /* a shape, size, pointer, scalar or rules field is invalid */
     ROICORE_ERR_VALUE = 2,       /* data in an array is invalid: batch index, coordinate, argmax */
     ROICORE_ERR_MEMORY = 3,      /* the call needs more memory than the limit, or malloc failed */
-    ROICORE_ERR_INTERRUPTED = 4, /* the exec's poll callback asked the call to stop */
+    ROICORE_ERR_INTERRUPTED = 4, /* the exec's poll asked the call to stop, or Ctrl-C did */
     ROICORE_ERR_UNSUPPORTED = 5  /* a combination this build does not implement */
 } roicore_status;
 
@@ -470,6 +471,16 @@ int roicore_resolve_threads(int requested);
 int64_t roicore_get_memory_limit(void);
 roicore_status roicore_set_memory_limit(int64_t bytes);
 
+/* ROICORE_OK when one allocation of `bytes` is within the memory limit, else
+ * ROICORE_ERR_MEMORY naming `what` (a phrase such as "the output of shape (2, 3)"; NULL:
+ * "an allocation").  A negative `bytes` (roicore_mul's overflow) is over every limit.  For
+ * callers that allocate outputs themselves, as the native operator libraries do. */
+roicore_status roicore_check_allocation(int64_t bytes, const char *what, roicore_error *err);
+
+/* The product of two non-negative sizes, or -1 when either is negative or it overflows
+ * int64. */
+int64_t roicore_mul(int64_t a, int64_t b);
+
 /* Scratch blocks of 1 MiB or more are kept when a call ends, for the next call that needs
  * about as much: a fresh block from the system costs a page fault and a zeroed page for
  * every 4 KiB that the call touches.  At most this many bytes stay kept (the oldest blocks
@@ -479,6 +490,30 @@ roicore_status roicore_set_memory_limit(int64_t bytes);
 int64_t roicore_get_scratch_keep_limit(void);
 roicore_status roicore_set_scratch_keep_limit(int64_t bytes);
 int64_t roicore_release_scratch(void);
+
+/* ------------------------------------------------------------------------ the runtime */
+
+/* A process can hold several copies of this library (a Python binding, a TF op library,
+ * Paddle's operators: each links its own).  Each copy has a runtime: the memory limit,
+ * the kept scratch blocks and their limit, whether a team of threads ran (fork safety)
+ * and the Ctrl-C watch.  roicore_runtime_share(roicore_runtime_current() of another copy)
+ * makes this copy use that runtime from then on, so that a setting or a release made
+ * through either acts on both; its own kept scratch is released.  Refused
+ * (ROICORE_ERR_ARGUMENT, nothing changed) for NULL or a runtime of another layout (another
+ * roicore version).  A module exports a function that calls it, as its symbols are
+ * hidden; roicore's native operator libraries export roicore_native_share_runtime. */
+typedef struct roicore_runtime roicore_runtime;
+roicore_runtime *roicore_runtime_current(void);
+roicore_status roicore_runtime_share(roicore_runtime *runtime, roicore_error *err);
+
+/* Ctrl-C.  From this call on, a SIGINT to the process stops every call then running
+ * under this runtime (ROICORE_ERR_INTERRUPTED, "interrupted by Ctrl-C"), in any thread and
+ * whether or not its exec has a poll; calls started after the signal run as usual.  The
+ * signal is then passed on to the handler installed before (ignored stays ignored, the
+ * default still ends the process, Python's still raises KeyboardInterrupt); a handler
+ * installed later is watched again at the next call.  The Python binding calls it at
+ * import, for the runtime it shares with every operator library it loads. */
+roicore_status roicore_watch_interrupts(roicore_error *err);
 
 #ifdef __cplusplus
 }

@@ -11,7 +11,54 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include "common.h"
+
+/* ------------------------------------------------------------------------ the runtime */
+
+/* What the calls of a process share: the memory limit, the kept scratch blocks, whether a
+ * team of threads ran (fork safety) and the count of Ctrl-Cs.  Each copy of the library
+ * has one of its own until roicore_runtime_share points it at another copy's. */
+#define SCRATCH_SLOTS 8
+#define RUNTIME_MAGIC 0x726f6963u  /* "roic" */
+#define RUNTIME_LAYOUT 1           /* one more on any change to struct roicore_runtime */
+
+struct roicore_runtime {
+    uint32_t magic, layout, size;
+    int64_t memory_limit;          /* -1: not yet read (physical memory) */
+    pthread_mutex_t scratch_lock;  /* guards the four fields below */
+    char *kept[SCRATCH_SLOTS];     /* the kept scratch blocks; free slots are NULL */
+    int64_t kept_bytes, kept_stamp, scratch_keep_limit;
+    int ran_team;                  /* a team of >= 2 threads ran in this process */
+    int forked_after_team;         /* this process was forked after one did */
+    int64_t interrupts;            /* SIGINTs seen since roicore_watch_interrupts */
+    void (*rewatch)(void);         /* the watching copy's check of its handler; NULL: none */
+};
+
+static roicore_runtime own = {RUNTIME_MAGIC, RUNTIME_LAYOUT, (uint32_t)sizeof(roicore_runtime),
+                              -1, PTHREAD_MUTEX_INITIALIZER, {NULL}, 0, 0, 256 << 20, 0, 0, 0,
+                              NULL};
+static roicore_runtime *active = &own;
+
+static roicore_runtime *rt(void) { return __atomic_load_n(&active, __ATOMIC_ACQUIRE); }
+
+roicore_runtime *roicore_runtime_current(void) { return rt(); }
+
+static int64_t release_down_to(roicore_runtime *r, int64_t keep);
+
+roicore_status roicore_runtime_share(roicore_runtime *runtime, roicore_error *err) {
+    if (!runtime) return roicore_fail(err, ROICORE_ERR_ARGUMENT, "runtime is NULL");
+    if (runtime->magic != RUNTIME_MAGIC || runtime->layout != RUNTIME_LAYOUT ||
+        runtime->size != sizeof(roicore_runtime))
+        return roicore_fail(err, ROICORE_ERR_ARGUMENT,
+                            "runtime comes from a roicore whose runtime differs from this "
+                            "one's (roicore %s, runtime layout %d): build both from one roicore",
+                            ROICORE_VERSION_STRING, RUNTIME_LAYOUT);
+    roicore_runtime *previous = __atomic_exchange_n(&active, runtime, __ATOMIC_ACQ_REL);
+    if (previous != runtime) release_down_to(previous, 0);  /* its kept blocks, unused now */
+    return ROICORE_OK;
+}
 
 int roicore_abi_version(void) { return ROICORE_ABI_VERSION; }
 int roicore_version_number(void) { return ROICORE_VERSION_NUMBER; }
@@ -54,20 +101,19 @@ roicore_status roicore_fail_at(roicore_error *err, int code, const char *argumen
  * pool's bookkeeping but not its threads, and its next parallel region waits for them
  * forever.  So once this process has run a team of several threads, a forked child runs
  * every call on one thread (it cannot build a new pool in libgomp). */
-static int ran_team;  /* set once a team of >= 2 threads ran in this process */
-static int forked_after_team;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 static void in_child(void) {
-    if (__atomic_load_n(&ran_team, __ATOMIC_RELAXED)) forked_after_team = 1;
+    roicore_runtime *r = rt();
+    if (__atomic_load_n(&r->ran_team, __ATOMIC_RELAXED)) r->forked_after_team = 1;
 }
 static void register_atfork(void) { pthread_atfork(NULL, NULL, in_child); }
 
 void roicore_team_started(int n) {
-    if (n >= 2 && !__atomic_load_n(&ran_team, __ATOMIC_RELAXED)) {
-        pthread_once(&atfork_once, register_atfork);
-        __atomic_store_n(&ran_team, 1, __ATOMIC_RELAXED);
-    }
+    roicore_runtime *r = rt();
+    if (n >= 2) pthread_once(&atfork_once, register_atfork);  /* this copy's handler too */
+    if (n >= 2 && !__atomic_load_n(&r->ran_team, __ATOMIC_RELAXED))
+        __atomic_store_n(&r->ran_team, 1, __ATOMIC_RELAXED);
 }
 
 static int cpus_available(void) {
@@ -108,7 +154,7 @@ static int startable_team(int n) {
 }
 
 int roicore_resolve_threads(int requested) {
-    if (!ROICORE_HAVE_OPENMP || forked_after_team) return 1;
+    if (!ROICORE_HAVE_OPENMP || rt()->forked_after_team) return 1;
     int n;
     if (requested == 0)
         n = (int)roicore_min64(omp_get_max_threads(), cpus_available());
@@ -145,29 +191,97 @@ int roicore_check_exec(const roicore_exec *exec, roicore_error *err) {
 }
 
 void roicore_run_init(roicore_run *run, const roicore_exec *exec) {
+    roicore_runtime *r = rt();
     run->n_threads = roicore_resolve_threads(exec ? exec->n_threads : 0);
     run->poll = exec ? exec->poll : NULL;
     run->poll_arg = exec ? exec->poll_arg : NULL;
     run->stop = 0;
+    run->interrupts = NULL;
+    void (*rewatch)(void) = __atomic_load_n(&r->rewatch, __ATOMIC_ACQUIRE);
+    if (rewatch) {  /* Ctrl-C is watched: the SIGINTs that arrive from now on stop the call */
+        rewatch();
+        run->interrupts = &r->interrupts;
+        run->interrupts_seen = __atomic_load_n(&r->interrupts, __ATOMIC_ACQUIRE);
+    }
     run->next_poll_ns = run->poll ? now_ns() + POLL_INTERVAL_NS : 0;
     roicore_team_started(run->n_threads);
 }
 
 int roicore_run_poll(roicore_run *run) {
     if (__atomic_load_n(&run->stop, __ATOMIC_RELAXED)) return 1;
+    if (run->interrupts &&
+        __atomic_load_n(run->interrupts, __ATOMIC_RELAXED) != run->interrupts_seen) {
+        __atomic_store_n(&run->stop, ROICORE_STOP_SIGINT, __ATOMIC_RELAXED);
+        return 1;
+    }
+    if (!run->poll) return 0;
     int64_t t = now_ns();
     if (t < run->next_poll_ns) return 0;
     run->next_poll_ns = t + POLL_INTERVAL_NS;
     if (run->poll(run->poll_arg)) {
-        __atomic_store_n(&run->stop, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&run->stop, ROICORE_STOP_POLL, __ATOMIC_RELAXED);
         return 1;
     }
     return 0;
 }
 
 int roicore_run_status(const roicore_run *run, roicore_error *err) {
-    if (run->stop)
-        return roicore_fail(err, ROICORE_ERR_INTERRUPTED, "interrupted: the call was asked to stop");
+    switch (run->stop) {
+        case 0:
+            return ROICORE_OK;
+        case ROICORE_STOP_SIGINT:
+            return roicore_fail(err, ROICORE_ERR_INTERRUPTED, "interrupted by Ctrl-C (SIGINT)");
+        default:
+            return roicore_fail(err, ROICORE_ERR_INTERRUPTED,
+                                "interrupted: the call was asked to stop");
+    }
+}
+
+/* ------------------------------------------------------------------------ Ctrl-C */
+
+/* The SIGINT handler before ours, which ours passes each signal on to. */
+static struct sigaction previous_sigint;
+static pthread_mutex_t watch_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void on_sigint(int sig, siginfo_t *info, void *context) {
+    const struct sigaction before = previous_sigint;
+    if (!(before.sa_flags & SA_SIGINFO) && before.sa_handler == SIG_IGN) return;  /* ignored */
+    __atomic_add_fetch(&rt()->interrupts, 1, __ATOMIC_RELEASE);
+    if (before.sa_flags & SA_SIGINFO) {
+        if (before.sa_sigaction) before.sa_sigaction(sig, info, context);
+    } else if (before.sa_handler == SIG_DFL) {  /* the default: end the process, as before */
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        sigaction(SIGINT, &dfl, NULL);
+        raise(SIGINT);
+    } else {
+        before.sa_handler(sig);
+    }
+}
+
+/* (Re)install on_sigint in front of the process's SIGINT handler when another one took
+ * its place (Python's signal.signal installs its own, dropping ours). */
+static void watch_sigint(void) {
+    struct sigaction current;
+    if (sigaction(SIGINT, NULL, &current) != 0) return;
+    if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigint) return;
+    pthread_mutex_lock(&watch_lock);
+    if (sigaction(SIGINT, NULL, &current) == 0 &&
+        !((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigint)) {
+        struct sigaction ours = current;
+        ours.sa_sigaction = on_sigint;
+        ours.sa_flags = (current.sa_flags | SA_SIGINFO) & ~SA_RESETHAND;
+        previous_sigint = current;
+        sigaction(SIGINT, &ours, NULL);
+    }
+    pthread_mutex_unlock(&watch_lock);
+}
+
+roicore_status roicore_watch_interrupts(roicore_error *err) {
+    (void)err;
+    watch_sigint();
+    __atomic_store_n(&rt()->rewatch, watch_sigint, __ATOMIC_RELEASE);
     return ROICORE_OK;
 }
 
@@ -199,8 +313,6 @@ void roicore_leave(int64_t *left, roicore_run *run) {
 
 /* ------------------------------------------------------------------------ memory */
 
-static int64_t memory_limit = -1;  /* -1: not yet read (physical memory) */
-
 static int64_t physical_memory(void) {
     long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGE_SIZE);
     if (pages <= 0 || size <= 0) return 0;
@@ -208,18 +320,31 @@ static int64_t physical_memory(void) {
 }
 
 int64_t roicore_get_memory_limit(void) {
-    int64_t limit = __atomic_load_n(&memory_limit, __ATOMIC_RELAXED);
+    roicore_runtime *r = rt();
+    int64_t limit = __atomic_load_n(&r->memory_limit, __ATOMIC_RELAXED);
     if (limit < 0) {
         limit = physical_memory();
-        __atomic_store_n(&memory_limit, limit, __ATOMIC_RELAXED);
+        __atomic_store_n(&r->memory_limit, limit, __ATOMIC_RELAXED);
     }
     return limit;
 }
 
 roicore_status roicore_set_memory_limit(int64_t bytes) {
     if (bytes < 0) return ROICORE_ERR_ARGUMENT;
-    __atomic_store_n(&memory_limit, bytes, __ATOMIC_RELAXED);
+    __atomic_store_n(&rt()->memory_limit, bytes, __ATOMIC_RELAXED);
     return ROICORE_OK;
+}
+
+roicore_status roicore_check_allocation(int64_t bytes, const char *what, roicore_error *err) {
+    const int64_t limit = roicore_get_memory_limit();
+    if (bytes >= 0 && (limit == 0 || bytes <= limit)) return ROICORE_OK;
+    what = what && *what ? what : "an allocation";
+    if (bytes < 0)
+        return roicore_fail(err, ROICORE_ERR_MEMORY,
+                            "%s would take more than 2**63 bytes", what);
+    return roicore_fail(err, ROICORE_ERR_MEMORY,
+                        "%s would take %lld bytes, over roicore's memory limit of %lld bytes",
+                        what, (long long)bytes, (long long)limit);
 }
 
 int64_t roicore_mul(int64_t a, int64_t b) {
@@ -236,7 +361,6 @@ int64_t roicore_mul(int64_t a, int64_t b) {
  * freed memory likewise.  At most SCRATCH_SLOTS blocks and scratch_keep_limit bytes are
  * kept idle, the oldest going first. */
 #define SCRATCH_KEEP_MIN (1 << 20)
-#define SCRATCH_SLOTS 8
 #define SCRATCH_SLACK 4  /* a kept block serves requests down to 1 - 1/SLACK of its size */
 
 typedef struct {
@@ -244,14 +368,10 @@ typedef struct {
     int64_t stamp;  /* when it was kept, for evicting the oldest */
 } scratch_header;
 
-static pthread_mutex_t scratch_lock = PTHREAD_MUTEX_INITIALIZER;
-static char *kept[SCRATCH_SLOTS];  /* the kept blocks; free slots are NULL */
-static int64_t kept_bytes, kept_stamp, scratch_keep_limit = 256 << 20;
-
 /* A child forked while another thread held the lock would wait for it forever; the kept
  * blocks stay valid in the child, so only the lock starts afresh. */
 static pthread_once_t scratch_atfork_once = PTHREAD_ONCE_INIT;
-static void scratch_in_child(void) { pthread_mutex_init(&scratch_lock, NULL); }
+static void scratch_in_child(void) { pthread_mutex_init(&rt()->scratch_lock, NULL); }
 static void scratch_register_atfork(void) { pthread_atfork(NULL, NULL, scratch_in_child); }
 
 /* Under AddressSanitizer a kept block is poisoned, and a taken one only up to the bytes
@@ -276,38 +396,42 @@ static scratch_header *header_of(char *block) { return (scratch_header *)(block 
 
 static void release_block(char *block) { free(block - ROICORE_LINE); }
 
-/* A kept block of at least `bytes` and not much more, or NULL. */
-static char *take_kept(int64_t bytes) {
+/* A kept block of r's of at least `bytes` and not much more, or NULL. */
+static char *take_kept(roicore_runtime *r, int64_t bytes) {
     char *best = NULL;
-    pthread_mutex_lock(&scratch_lock);
+    pthread_mutex_lock(&r->scratch_lock);
     int slot = -1;
     for (int i = 0; i < SCRATCH_SLOTS; ++i) {
-        if (!kept[i]) continue;
-        const int64_t size = header_of(kept[i])->bytes;
+        if (!r->kept[i]) continue;
+        const int64_t size = header_of(r->kept[i])->bytes;
         if (size >= bytes && size - size / SCRATCH_SLACK <= bytes &&
-            (slot < 0 || size < header_of(kept[slot])->bytes))
+            (slot < 0 || size < header_of(r->kept[slot])->bytes))
             slot = i;
     }
     if (slot >= 0) {
-        best = kept[slot];
-        kept[slot] = NULL;
-        kept_bytes -= header_of(best)->bytes;
+        best = r->kept[slot];
+        r->kept[slot] = NULL;
+        r->kept_bytes -= header_of(best)->bytes;
     }
-    pthread_mutex_unlock(&scratch_lock);
+    pthread_mutex_unlock(&r->scratch_lock);
     return best;
 }
 
 void *roicore_scratch(int64_t bytes, const char *what, roicore_error *err) {
     int64_t limit = roicore_get_memory_limit();
     if (bytes < 0 || bytes > INT64_MAX - ROICORE_LINE || (limit > 0 && bytes > limit)) {
-        roicore_fail(err, ROICORE_ERR_MEMORY,
-                     "%s would take %lld bytes of scratch memory, over roicore's memory limit "
-                     "of %lld bytes", what, (long long)bytes, (long long)limit);
+        if (bytes < 0)
+            roicore_fail(err, ROICORE_ERR_MEMORY,
+                         "%s would take more than 2**63 bytes of scratch memory", what);
+        else
+            roicore_fail(err, ROICORE_ERR_MEMORY,
+                         "%s would take %lld bytes of scratch memory, over roicore's memory "
+                         "limit of %lld bytes", what, (long long)bytes, (long long)limit);
         return NULL;
     }
     if (bytes >= SCRATCH_KEEP_MIN) {
         pthread_once(&scratch_atfork_once, scratch_register_atfork);
-        char *block = take_kept(bytes);
+        char *block = take_kept(rt(), bytes);
         if (block) {
             UNPOISON(block, bytes);
             return block;
@@ -324,16 +448,17 @@ void *roicore_scratch(int64_t bytes, const char *what, roicore_error *err) {
     return block;
 }
 
-/* Under the lock: the oldest kept block, taken out of the cache; NULL when none is kept. */
-static char *pop_oldest(void) {
+/* Under r's lock: its oldest kept block, taken out of the cache; NULL when none is kept. */
+static char *pop_oldest(roicore_runtime *r) {
     int oldest = -1;
     for (int i = 0; i < SCRATCH_SLOTS; ++i)
-        if (kept[i] && (oldest < 0 || header_of(kept[i])->stamp < header_of(kept[oldest])->stamp))
+        if (r->kept[i] &&
+            (oldest < 0 || header_of(r->kept[i])->stamp < header_of(r->kept[oldest])->stamp))
             oldest = i;
     if (oldest < 0) return NULL;
-    char *block = kept[oldest];
-    kept[oldest] = NULL;
-    kept_bytes -= header_of(block)->bytes;
+    char *block = r->kept[oldest];
+    r->kept[oldest] = NULL;
+    r->kept_bytes -= header_of(block)->bytes;
     return block;
 }
 
@@ -358,59 +483,62 @@ void roicore_scratch_free(void *p) {
     if (!block) return;
     const int64_t bytes = header_of(block)->bytes;
     if (bytes >= SCRATCH_KEEP_MIN) {
-        pthread_mutex_lock(&scratch_lock);
-        if (bytes <= scratch_keep_limit) {
+        roicore_runtime *r = rt();
+        pthread_mutex_lock(&r->scratch_lock);
+        if (bytes <= r->scratch_keep_limit) {
             int slot = -1;
             for (;;) {  /* the oldest go until the block fits in a slot and under the limit */
                 for (int i = 0; i < SCRATCH_SLOTS && slot < 0; ++i)
-                    if (!kept[i]) slot = i;
-                if (slot >= 0 && kept_bytes + bytes <= scratch_keep_limit) break;
-                evicted[n_evicted++] = pop_oldest();
+                    if (!r->kept[i]) slot = i;
+                if (slot >= 0 && r->kept_bytes + bytes <= r->scratch_keep_limit) break;
+                evicted[n_evicted++] = pop_oldest(r);
             }
-            header_of(block)->stamp = ++kept_stamp;
+            header_of(block)->stamp = ++r->kept_stamp;
             POISON(block, bytes);
-            kept[slot] = block;
-            kept_bytes += bytes;
+            r->kept[slot] = block;
+            r->kept_bytes += bytes;
             block = NULL;
         }
-        pthread_mutex_unlock(&scratch_lock);
+        pthread_mutex_unlock(&r->scratch_lock);
     }
     for (int i = 0; i < n_evicted; ++i) release_block(evicted[i]);
     if (block) release_block(block);
 }
 
-/* The oldest kept blocks released until at most `keep` bytes stay kept; the bytes released. */
-static int64_t release_down_to(int64_t keep) {
+/* r's oldest kept blocks released until at most `keep` bytes stay kept; the bytes released. */
+static int64_t release_down_to(roicore_runtime *r, int64_t keep) {
     char *evicted[SCRATCH_SLOTS];
     int n_evicted = 0;
     int64_t released = 0;
-    pthread_mutex_lock(&scratch_lock);
-    while (kept_bytes > keep) {
-        evicted[n_evicted] = pop_oldest();
+    pthread_mutex_lock(&r->scratch_lock);
+    while (r->kept_bytes > keep) {
+        evicted[n_evicted] = pop_oldest(r);
         released += header_of(evicted[n_evicted++])->bytes;
     }
-    pthread_mutex_unlock(&scratch_lock);
+    pthread_mutex_unlock(&r->scratch_lock);
     for (int i = 0; i < n_evicted; ++i) release_block(evicted[i]);
     return released;
 }
 
 int64_t roicore_get_scratch_keep_limit(void) {
-    pthread_mutex_lock(&scratch_lock);
-    const int64_t limit = scratch_keep_limit;
-    pthread_mutex_unlock(&scratch_lock);
+    roicore_runtime *r = rt();
+    pthread_mutex_lock(&r->scratch_lock);
+    const int64_t limit = r->scratch_keep_limit;
+    pthread_mutex_unlock(&r->scratch_lock);
     return limit;
 }
 
 roicore_status roicore_set_scratch_keep_limit(int64_t bytes) {
     if (bytes < 0) return ROICORE_ERR_ARGUMENT;
-    pthread_mutex_lock(&scratch_lock);
-    scratch_keep_limit = bytes;
-    pthread_mutex_unlock(&scratch_lock);
-    release_down_to(bytes);
+    roicore_runtime *r = rt();
+    pthread_mutex_lock(&r->scratch_lock);
+    r->scratch_keep_limit = bytes;
+    pthread_mutex_unlock(&r->scratch_lock);
+    release_down_to(r, bytes);
     return ROICORE_OK;
 }
 
-int64_t roicore_release_scratch(void) { return release_down_to(0); }
+int64_t roicore_release_scratch(void) { return release_down_to(rt(), 0); }
 
 int64_t *roicore_counters(int n, roicore_error *err) {
     int64_t bytes = (int64_t)n * ROICORE_LINE;

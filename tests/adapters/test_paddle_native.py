@@ -339,6 +339,36 @@ def test_operator_checks_what_python_would():
             roi_pool(inputs, **attrs)
 
 
+def test_operators_share_roicore_cores_runtime_and_refuse_huge_outputs():
+    """The operators' copy of the C library uses roicore.core's runtime: set_memory_limit
+    bounds their outputs too (MemoryError), and sizes past int64 are refused, not
+    allocated."""
+    import roicore.core as rc
+    native_ops = rp._operators()
+    x = paddle.zeros([1, 64, 64, 64])
+    b = paddle.to_tensor(np.tile([[0.0, 0, 60, 60]], (200, 1)).astype("float32"))
+    n = paddle.to_tensor([200], "int32")
+    attrs = dict(rules=rp._RULES["roi_align"], pooled_height=64, pooled_width=64,
+                 spatial_scale=1.0, sampling_ratio=2, aligned=False, n_threads=0)
+
+    def roi_align(**changed):
+        return native_ops.run("roicore_roi_align", {"X": x, "Boxes": b, "BoxesNum": n},
+                              {**attrs, **changed}, ("Out",))
+
+    limit = rc.get_memory_limit()
+    try:
+        rc.set_memory_limit(64 << 20)
+        with pytest.raises(MemoryError, match=r"the output of shape \[200, 64, 64, 64\] would "
+                                              r"take 209715200 bytes, over roicore's memory "
+                                              r"limit of 67108864 bytes"):
+            roi_align()
+        rc.set_memory_limit(0)   # no limit: sizes past int64 are still refused
+        with pytest.raises(MemoryError, match="would take more than 2\\*\\*63 bytes"):
+            roi_align(pooled_height=2**31 - 1, pooled_width=2**31 - 1)
+    finally:
+        rc.set_memory_limit(limit)
+
+
 def test_argmax_recomputed_when_recorded_without_it():
     """roi_pool recorded without its argmax (no gradient was expected when it ran) still
     differentiates: the gradient operator recomputes the argmax, and the gradient is

@@ -491,3 +491,68 @@ def test_first_use_inside_tf_function_prints_nothing(library, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.splitlines()[-1] == "[(1, 2, 2, 4), (1, 2, 2, 4)]"
     assert "AutoGraph" not in proc.stdout + proc.stderr, proc.stderr
+
+
+def test_sizes_past_a_tensor_raise_instead_of_aborting(library):
+    """Forward sizes and gradient image sizes whose product overflows int64: TensorShape's
+    constructor aborts the process on those, so each op builds its shapes with a status.
+    In a fresh interpreter, as a failure here would end the test process."""
+    out = run_python("""
+        import numpy as np, tensorflow as tf
+        from roicore.adapters import tf as rtf
+        lib = rtf.native_ops()
+        x, b, i = tf.zeros([1, 8, 8, 8]), tf.constant([[0., 0, 4, 4]]), tf.constant([0])
+        big = (2**31 - 1, 2**31 - 1)
+        g = np.ones((1, 2, 2, 8), np.float32)
+        calls = {
+            "roi_align": lambda: rtf.roi_align(x, b, i, big),
+            "roi_pool": lambda: rtf.roi_pool(x, b, i, big),
+            "crop": lambda: rtf.roi_pool(x, b / 8, i, big, method="bilinear"),
+            "psroi": lambda: lib.roicore_psroi_pool(x, b, i, pooled_height=2**31 - 1,
+                pooled_width=2**31 - 1, group_height=1, group_width=1, spatial_scale=1.0,
+                rules=rtf._rules("psroi_pool")),
+            "roi_align_grad": lambda: lib.roicore_roi_align_grad(g, b, i, [2**30] * 4,
+                spatial_scale=1.0, rules=rtf._rules("roi_align")),
+            "roi_pool_max_grad": lambda: lib.roicore_roi_pool_max_grad(
+                g, np.zeros((1, 2, 2, 8), np.int32), i, [2**30] * 4,
+                rules=rtf._rules("roi_pool/max")),
+            "crop_grad": lambda: lib.roicore_crop_and_resize_grad_image(g, b / 8, i,
+                [2**30] * 4, method="bilinear", rules=rtf._rules("roi_pool/bilinear")),
+            "psroi_grad": lambda: lib.roicore_psroi_pool_grad(g, b, i, [2**30] * 4,
+                group_height=1, group_width=1, spatial_scale=1.0, rules=rtf._rules("psroi_pool")),
+        }
+        for name, call in calls.items():
+            for mode in ("eager", "tf.function"):
+                try:
+                    (tf.function(call, autograph=False) if mode != "eager" else call)()
+                    print(name, mode, "returned")
+                except tf.errors.InvalidArgumentError as e:
+                    print(name, mode, "InvalidArgumentError", "more elements than a tensor can hold" in str(e))
+    """)
+    lines = out.strip().splitlines()
+    assert len(lines) == 16, out
+    for line in lines:
+        assert line.endswith("InvalidArgumentError True"), line
+
+
+def test_the_op_library_shares_roicore_cores_runtime(library):
+    """set_memory_limit reaches the op library's outputs, and release_output_cache its
+    kept scratch: the library's copy of the C library uses roicore.core's runtime."""
+    import roicore.core as rc
+    from roicore.adapters.native import tf as native_tf
+    assert native_tf._loaded["shared_runtime"]
+    x = tf.zeros([1, 64, 64, 64])
+    b, i = tf.tile(tf.constant([[0., 0, 60, 60]]), [200, 1]), tf.zeros([200], tf.int32)
+    limit = rc.get_memory_limit()
+    try:
+        rc.set_memory_limit(64 << 20)
+        with pytest.raises(tf.errors.ResourceExhaustedError,
+                           match=r"the output of shape \[200,64,64,64\] would take 209715200 "
+                                 r"bytes, over roicore's memory limit of 67108864 bytes"):
+            rtf.roi_align(x, b, i, (64, 64))
+    finally:
+        rc.set_memory_limit(limit)
+    rc.release_output_cache()
+    # a psroi pass in NHWC keeps its NCHW copy of the images (1 MiB or more) as scratch
+    rtf.psroi_pool(tf.ones([1, 64, 64, 4 * 49]), b[:2], i[:2], 7)
+    assert rc.release_output_cache() >= 64 * 64 * 4 * 49 * 4

@@ -218,3 +218,8 @@ FN(roicore_set_memory_limit, roicore_status (*)(int64_t));
 FN(roicore_get_scratch_keep_limit, int64_t (*)(void));
 FN(roicore_set_scratch_keep_limit, roicore_status (*)(int64_t));
 FN(roicore_release_scratch, int64_t (*)(void));
+FN(roicore_check_allocation, roicore_status (*)(int64_t, const char *, ERR_T));
+FN(roicore_mul, int64_t (*)(int64_t, int64_t));
+FN(roicore_runtime_current, roicore_runtime *(*)(void));
+FN(roicore_runtime_share, roicore_status (*)(roicore_runtime *, ERR_T));
+FN(roicore_watch_interrupts, roicore_status (*)(ERR_T));

@@ -2,10 +2,14 @@
  * examples (golden numbers), results independent of the thread count, and bad input
  * answered with the documented error codes.  Built and run by .ci/run, once plainly and
  * once under AddressSanitizer and UndefinedBehaviorSanitizer (make -C tests/c). */
+#define _POSIX_C_SOURCE 200809L  /* pthreads, nanosleep */
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "roicore.h"
 
@@ -958,6 +962,111 @@ static void scratch_keeping(void) {
     free(x.data); free(c.data);
 }
 
+/* ------------------------------------------------------------------------ the runtime */
+
+static void allocation_limits(void) {
+    roicore_error err;
+    const int64_t limit = roicore_get_memory_limit();
+    CHECK(roicore_set_memory_limit(1000) == ROICORE_OK, "set_memory_limit(1000)");
+    CHECK(roicore_check_allocation(1000, "x", &err) == ROICORE_OK, "1000 bytes under 1000");
+    EXPECT(roicore_check_allocation(1001, "the output of shape [7]", &err), ROICORE_ERR_MEMORY);
+    CHECK(strstr(err.message, "the output of shape [7] would take 1001 bytes") != NULL, "%s",
+          err.message);
+    EXPECT(roicore_check_allocation(roicore_mul(INT64_MAX, 2), NULL, &err), ROICORE_ERR_MEMORY);
+    CHECK(strstr(err.message, "an allocation would take more than 2**63 bytes") != NULL, "%s",
+          err.message);
+    CHECK(roicore_set_memory_limit(0) == ROICORE_OK, "set_memory_limit(0)");
+    CHECK(roicore_check_allocation(INT64_MAX, "x", &err) == ROICORE_OK, "no limit");
+    EXPECT(roicore_check_allocation(-1, "x", &err), ROICORE_ERR_MEMORY);
+    CHECK(roicore_set_memory_limit(-5) == ROICORE_ERR_ARGUMENT, "a negative limit is refused");
+    CHECK(roicore_get_memory_limit() == 0, "a refused limit changes nothing");
+    roicore_set_memory_limit(limit);
+    CHECK(roicore_mul(3, 4) == 12 && roicore_mul(-1, 4) == -1 && roicore_mul(INT64_MAX, 2) == -1,
+          "roicore_mul");
+}
+
+static void runtime_sharing(void) {
+    roicore_error err;
+    roicore_runtime *mine = roicore_runtime_current();
+    CHECK(mine != NULL, "roicore_runtime_current");
+    EXPECT(roicore_runtime_share(NULL, &err), ROICORE_ERR_ARGUMENT);
+    static int64_t foreign[512];  /* what another version's runtime would look like: not ours */
+    EXPECT(roicore_runtime_share((roicore_runtime *)foreign, &err), ROICORE_ERR_ARGUMENT);
+    CHECK(strstr(err.message, "runtime comes from a roicore whose runtime differs") != NULL, "%s",
+          err.message);
+    CHECK(roicore_runtime_current() == mine, "a refused share changes nothing");
+    CHECK(roicore_runtime_share(mine, &err) == ROICORE_OK, "sharing one's own runtime: %s",
+          err.message);
+    CHECK(roicore_runtime_current() == mine, "still the same runtime");
+}
+
+/* Ctrl-C: a long call on another thread, and a SIGINT. */
+static volatile sig_atomic_t earlier_calls, later_calls;
+static void earlier_handler(int sig) { (void)sig; ++earlier_calls; }
+static void later_handler(int sig) { (void)sig; ++later_calls; }
+
+typedef struct {
+    roicore_status status;
+    roicore_error err;
+} call_result;
+
+static void *long_call(void *arg) {
+    call_result *res = (call_result *)arg;
+    array big = new_array(ROICORE_FLOAT32, 16 * 256 * 256), out = new_array(ROICORE_FLOAT32, 16 * 32 * 32);
+    static const double whole[] = {0, 0, 255, 255};
+    array c = coords_of(ROICORE_FLOAT32, whole, 1);
+    int64_t b0[] = {0};
+    roicore_tensor t = tensor(big, 1, 16, 256, 256);
+    roicore_out_tensor to = out_tensor(out, 1, 16, 32, 32);
+    roicore_boxes b = boxes_of(c, b0, 1);
+    roicore_exec two = {.n_threads = 2};  /* no poll: only Ctrl-C can stop it */
+    /* sampling ratio 1024: about an hour, unless stopped */
+    res->status = roicore_roi_align_forward(&MXNET_ALIGN, &t, &b, 1.0, 1024, 0, &to, &two, &res->err);
+    free(big.data); free(out.data); free(c.data);
+    return NULL;
+}
+
+static roicore_status interrupted_call(call_result *res) {
+    pthread_t thread;
+    memset(res, 0, sizeof *res);
+    pthread_create(&thread, NULL, long_call, res);
+    struct timespec pause = {0, 200 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    raise(SIGINT);
+    pthread_join(thread, NULL);
+    return res->status;
+}
+
+static void ctrl_c(void) {
+    roicore_error err;
+    call_result res;
+    signal(SIGINT, earlier_handler);
+    CHECK(roicore_watch_interrupts(&err) == ROICORE_OK, "watch_interrupts: %s", err.message);
+    CHECK(interrupted_call(&res) == ROICORE_ERR_INTERRUPTED, "a SIGINT did not stop the "
+          "call: %d %s", res.status, res.err.message);
+    CHECK(strstr(res.err.message, "Ctrl-C") != NULL, "%s", res.err.message);
+    CHECK(earlier_calls == 1, "the earlier handler ran %d times, want 1", (int)earlier_calls);
+    /* a call after the signal runs as usual */
+    array x = arange(ROICORE_FLOAT32, 64, 0, 1), out = new_array(ROICORE_FLOAT32, 4);
+    static const double rows[] = {0, 0, 7, 7};
+    array c = coords_of(ROICORE_FLOAT32, rows, 1);
+    int64_t b0[] = {0};
+    roicore_tensor tx = tensor(x, 1, 1, 8, 8);
+    roicore_out_tensor to = out_tensor(out, 1, 1, 2, 2);
+    roicore_boxes b = boxes_of(c, b0, 1);
+    CHECK(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, 0, &to, NULL, &err) == ROICORE_OK,
+          "a call after the SIGINT: %s", err.message);
+    /* a handler installed later (as Python's signal.signal does) is watched again from the
+     * next call on */
+    signal(SIGINT, later_handler);
+    CHECK(interrupted_call(&res) == ROICORE_ERR_INTERRUPTED, "after a new "
+          "handler, a SIGINT did not stop the call: %d %s", res.status, res.err.message);
+    CHECK(later_calls == 1 && earlier_calls == 1, "handlers ran %d and %d times, want 1 and 1",
+          (int)earlier_calls, (int)later_calls);
+    signal(SIGINT, SIG_DFL);
+    free(x.data); free(out.data); free(c.data);
+}
+
 int main(void) {
     mxnet_docstring();
     mxnet_backward_routing();
@@ -974,6 +1083,9 @@ int main(void) {
     bad_input();
     contract();
     scratch_keeping();
+    allocation_limits();
+    runtime_sharing();
+    ctrl_c();
     printf("roicore %s (ABI %d), OpenMP %s\n", roicore_version_string(), roicore_abi_version(),
            roicore_openmp_enabled() ? "on" : "off");
     printf("%d passed, %d failed\n", passed, failed);

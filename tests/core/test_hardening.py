@@ -130,6 +130,23 @@ def test_outputs_beyond_physical_memory_are_refused_by_default():
         rc.roi_align(x, boxes, 512)
 
 
+@pytest.mark.parametrize("op, kw", [("roi_pool", {}), ("roi_pool", {"method": "bilinear"}),
+                                    ("roi_align", {})])
+def test_outputs_past_int64_bytes_are_refused_without_a_limit(op, kw):
+    """With the limit off (0), an output of more than 2**63 bytes is still a MemoryError
+    naming it, not NumPy's 'Maximum allowed dimension exceeded'.  (The position-sensitive
+    ops' outputs are bounded by x.)"""
+    previous = rc.get_memory_limit()
+    rc.set_memory_limit(0)
+    try:
+        x = np.ones((1, 1, 4, 4), np.float32)
+        with pytest.raises(MemoryError, match=r"\(1, 1, 2147483647, 2147483647\) \(float32\) "
+                                              r"would take more than 2\*\*63 bytes"):
+            getattr(rc, op)(x, np.float32([[0, 0, 0, 0.5, 0.5]]), (2**31 - 1, 2**31 - 1), **kw)
+    finally:
+        rc.set_memory_limit(previous)
+
+
 def test_set_memory_limit_validates():
     with pytest.raises(TypeError, match="nbytes must be an int"):
         rc.set_memory_limit(1.5)
