@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -43,13 +42,14 @@ _loaded = None  # the registered library's path
 
 
 def _key(cxx):
-    """Everything the binary depends on: Paddle's build, the compiler, roicore's link
-    arguments and the contents of the sources, roicore's header and its library."""
+    """Everything the binary depends on: Paddle's build, the compiler (and its
+    environment), roicore's link arguments and the contents of the sources, roicore's
+    header and its library."""
     return {
         "paddle": paddle.__version__,
         "paddle_commit": paddle.version.commit,
         "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
-        "compiler": build.compiler_version(cxx),
+        **build.compiler_key(cxx),
         "link_args": list(core.get_link_args()),
         "inputs": build.file_digest([SOURCE, pathlib.Path(core.get_include()) / "roicore.h",
                                      pathlib.Path(core.get_library_dir()) / "libroicore.a"]),
@@ -76,46 +76,31 @@ _SETUP = textwrap.dedent("""\
 
 
 def library_path() -> pathlib.Path:
-    """The operator library for the installed Paddle, compiled first if the cache has none.
+    """The operator library for the installed Paddle, compiled first if the cache has none
+    (or a bad one; see :func:`roicore.adapters.native.build.cached_library`).
 
     Raises :class:`roicore.adapters.native.build.NativeBuildError` when there is no C++
     compiler or it fails (the message quotes the end of the compiler's output)."""
     cxx = build.find_compiler(PURPOSE)
-    directory = build.build_directory(LIBRARY, _key(cxx))
-    target = directory / f"{LIBRARY}.so"
-    if target.exists():
-        return target
-    with build.locked(directory):
-        if target.exists():  # built by the process that held the lock before us
-            return target
-        with tempfile.TemporaryDirectory(dir=directory, prefix=".build-") as work:
+
+    def produce(path, log_path):
+        if importlib.util.find_spec("setuptools") is None:  # cpp_extension needs it
+            raise build.NativeBuildError(f"roicore needs setuptools to build {PURPOSE} with "
+                                         "paddle.utils.cpp_extension: pip install setuptools")
+        with tempfile.TemporaryDirectory(dir=path.parent,
+                                         prefix=build.temporary_prefix()) as work:
             setup = pathlib.Path(work) / "setup.py"
             setup.write_text(_SETUP.format(
                 library=LIBRARY, source=str(SOURCE), include=str(core.get_include()),
                 link=list(core.get_link_args()), output=work))
-            _compile(setup, cxx, directory / "build.log")
-            os.replace(pathlib.Path(work) / f"{LIBRARY}.so", target)
-    return target
+            built = pathlib.Path(work) / f"{LIBRARY}.so"
+            # the compiler found above, for compiling and linking (distutils reads CC, CXX)
+            build.run_build([sys.executable, str(setup), "build"], log_path, PURPOSE,
+                            cwd=work, env=dict(os.environ, CC=" ".join(cxx), CXX=" ".join(cxx)),
+                            ok=built.exists)
+            os.replace(built, path)
 
-
-def _compile(setup, cxx, log_path):
-    if importlib.util.find_spec("setuptools") is None:  # paddle.utils.cpp_extension needs it
-        raise build.NativeBuildError(f"roicore needs setuptools to build {PURPOSE} with "
-                                     "paddle.utils.cpp_extension: pip install setuptools")
-    # the compiler found above, for compiling and linking (distutils reads CC and CXX)
-    env = dict(os.environ, CC=" ".join(cxx), CXX=" ".join(cxx))
-    cmd = [sys.executable, str(setup), "build"]
-    try:
-        proc = subprocess.run(cmd, cwd=setup.parent, env=env, capture_output=True, text=True)
-    except OSError as exc:
-        raise build.NativeBuildError(f"roicore could not run Python to build {PURPOSE}: {exc}")
-    log_path.write_text(f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
-                        f"exit status {proc.returncode}\n")
-    if proc.returncode != 0 or not (setup.parent / f"{LIBRARY}.so").exists():
-        output = (proc.stdout + proc.stderr).strip()
-        raise build.NativeBuildError(
-            f"roicore could not compile {PURPOSE}: the build exited with status "
-            f"{proc.returncode}.\n{output[-4000:]}\n(full log: {log_path})")
+    return build.cached_library(LIBRARY, _key(cxx), f"{LIBRARY}.so", produce, PURPOSE)
 
 
 def load() -> pathlib.Path:

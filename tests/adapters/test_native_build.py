@@ -163,3 +163,138 @@ def test_importing_the_builder_imports_no_framework():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ}, check=True).stdout
     assert out.strip() == "[]"
+
+
+# ---------------------------------------------------------------------------------------
+# a cache to trust
+
+def test_a_directory_others_may_write_is_refused(tmp_path, cache):
+    src = standin(tmp_path)
+    cache.mkdir(mode=0o700)
+    cache.chmod(0o777)
+    with pytest.raises(build.NativeBuildError, match=r"will not use the cache directory .*: "
+                                                      r"others may write it \(mode 777\)"):
+        build_standin(src)
+    cache.chmod(0o755)
+    path = build_standin(src)
+    path.parent.chmod(0o775)
+    with pytest.raises(build.NativeBuildError, match=r"the build directory .* others may write"):
+        build_standin(src)
+    path.parent.chmod(0o755)
+    path.chmod(0o666)
+    with pytest.raises(build.NativeBuildError, match=r"the library .* others may write"):
+        build_standin(src)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="giving a file to another user needs root")
+def test_a_library_of_another_user_is_refused(tmp_path, cache):
+    src = standin(tmp_path)
+    path = build_standin(src)
+    os.chown(path, 12345, -1)
+    with pytest.raises(build.NativeBuildError, match=r"the library .* belongs to user id 12345, "
+                                                      r"not to this user"):
+        build_standin(src)
+    os.chown(path.parent.parent, 12345, -1)
+    with pytest.raises(build.NativeBuildError, match=r"the cache directory .* belongs to user "
+                                                      r"id 12345"):
+        build_standin(src)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "replaced", "no record"])
+def test_a_damaged_library_is_rebuilt_not_loaded(tmp_path, cache, counting_cxx, damage):
+    """A library that does not match the size and SHA-256 recorded after its build (cut
+    short, replaced, or its build killed before the record) is built again; loading the
+    damaged one would kill the process (SIGBUS) or run someone else's code."""
+    src = standin(tmp_path)
+    path = build_standin(src)
+    if damage == "truncated":
+        with open(path, "r+b") as f:
+            f.truncate(4096)
+    elif damage == "replaced":
+        other = build.build_shared_library("standin", [standin(tmp_path, 9, "other.cc")],
+                                           key={"framework": "elsewhere"})
+        path.write_bytes(other.read_bytes())
+    else:
+        (path.parent / "library.json").unlink()
+    assert build_standin(src) == path and counting_cxx() == (3 if damage == "replaced" else 2)
+    assert call(path) == 42
+
+
+def test_temporaries_of_dead_builds_are_removed(tmp_path, cache, counting_cxx):
+    """A build killed mid-way (SIGKILL) leaves its temporary files; the next build removes
+    those of processes that no longer run, and keeps a running one's."""
+    src = standin(tmp_path)
+    path = build_standin(src)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    stale = path.parent / f".tmp-{dead}-abc.so"
+    stale.write_bytes(b"")
+    (path.parent / f".tmp-{dead}-build").mkdir()
+    running = path.parent / f".tmp-{os.getppid()}-def.so"
+    running.write_bytes(b"")
+    path.unlink()
+    build_standin(src)
+    assert not stale.exists() and not (path.parent / f".tmp-{dead}-build").exists()
+    assert running.exists()
+
+
+def test_the_key_covers_the_compiler_command_and_its_environment(tmp_path, cache, monkeypatch):
+    """g++, g++ -fsanitize=address and g++ -D_GLIBCXX_USE_CXX11_ABI=0 made one key, and so
+    did different include and library paths: a sanitizer build was then loaded by a plain
+    process, which died."""
+    src = standin(tmp_path)
+    real = build.find_compiler()
+    paths = {build_standin(src)}
+    monkeypatch.setenv("CXX", " ".join([*real, "-D_GLIBCXX_USE_CXX11_ABI=0", "-O0"]))
+    paths.add(build_standin(src))
+    monkeypatch.setenv("CXX", " ".join(real))
+    for variable in ("CPLUS_INCLUDE_PATH", "LIBRARY_PATH", "CXXFLAGS"):
+        monkeypatch.setenv(variable, str(tmp_path))
+        paths.add(build_standin(src))
+    assert len(paths) == 5
+
+
+def test_a_compiler_that_never_returns_is_stopped(tmp_path, cache, monkeypatch):
+    real = build.find_compiler()
+    script = tmp_path / "hanging-cxx"
+    script.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        [ "$1" = "--version" ] && exec {' '.join(real)} --version
+        echo $$ > {tmp_path / 'pid'}
+        exec sleep 600
+        """))
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("CXX", str(script))
+    monkeypatch.setenv("ROICORE_BUILD_TIMEOUT", "2")
+    start = time.monotonic()
+    with pytest.raises(build.NativeBuildError, match=r"stopped the build of the stand-in "
+                                                      r"library after 2 s \(ROICORE_BUILD_TIMEOUT"):
+        build_standin(standin(tmp_path))
+    assert time.monotonic() - start < 30
+    pid = int((tmp_path / "pid").read_text())
+    time.sleep(0.2)
+    with pytest.raises(ProcessLookupError):  # the compiler was killed, not left running
+        os.kill(pid, 0)
+    monkeypatch.setenv("ROICORE_BUILD_TIMEOUT", "soon")
+    with pytest.raises(build.NativeBuildError, match=r"ROICORE_BUILD_TIMEOUT must be a number "
+                                                      r"of seconds > 0, got 'soon'"):
+        build_standin(standin(tmp_path))
+
+
+def test_waiting_for_the_lock_gives_up(tmp_path):
+    script = textwrap.dedent(f"""
+        import os
+        os.environ["ROICORE_LOCK_TIMEOUT"] = "1"
+        from roicore.adapters.native import build
+        try:
+            with build.locked({str(tmp_path)!r}):
+                print("locked")
+        except build.NativeBuildError as e:
+            print(e)
+        """)
+    with build.locked(tmp_path):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             timeout=60).stdout
+    assert out.startswith(f"roicore waited 1 s for another process's build in {tmp_path} "
+                          "and gave up (ROICORE_LOCK_TIMEOUT sets the wait)"), out
