@@ -309,6 +309,9 @@ class RoiPoolMaxOp : public RoiKernel {
       OP_REQUIRES_OK(ctx, Check([&](roicore_error* err) {
         return roicore_max_pool_argmax_type(&rules_c_, &x, &type, err);
       }));
+      OP_REQUIRES(ctx, rules_c_.argmax_dtype != ROICORE_INT64,
+                  Invalid("rules asks for an int64 argmax (argmax_dtype), but this op's "
+                          "argmax output is int32: give rules with an int32 argmax"));
       OP_REQUIRES(ctx, type == ROICORE_INT32,
                   Invalid("feature maps of ", x.h, "x", x.w,
                           " >= 2**31 pixels per plane are not supported"));
@@ -585,10 +588,15 @@ ShapeHandle Shape4(InferenceContext* c, DimensionHandle k, DimensionHandle ch,
   return format == "NHWC" ? c->MakeShape({k, h, w, ch}) : c->MakeShape({k, ch, h, w});
 }
 
-DimensionHandle Channels(InferenceContext* c, ShapeHandle images) {
+// The channels of the images (input 0), after checking their rank: Dim() past a known
+// rank reads out of bounds (it is only DCHECKed).
+Status Channels(InferenceContext* c, DimensionHandle* channels) {
+  ShapeHandle images;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 4, &images));
   std::string format;
   if (!c->GetAttr("data_format", &format).ok()) format = "NHWC";
-  return c->Dim(images, format == "NHWC" ? 3 : 1);
+  *channels = c->Dim(images, format == "NHWC" ? 3 : 1);
+  return absl::OkStatus();
 }
 
 // images (rank 4), boxes (K, 4) and box_indices (K,): K.
@@ -616,7 +624,9 @@ Status PooledShape(InferenceContext* c, const char* height, const char* width,
 }
 
 Status SameChannelsShape(InferenceContext* c, const char* height, const char* width) {
-  return PooledShape(c, height, width, Channels(c, c->input(0)));
+  DimensionHandle channels;
+  TF_RETURN_IF_ERROR(Channels(c, &channels));
+  return PooledShape(c, height, width, channels);
 }
 
 // A gradient op's output: the image shape its `image_size` input holds.
@@ -733,8 +743,9 @@ REGISTER_OP("RoicorePsroiPool")
       int gh, gw;
       TF_RETURN_IF_ERROR(c->GetAttr("group_height", &gh));
       TF_RETURN_IF_ERROR(c->GetAttr("group_width", &gw));
-      DimensionHandle d;
-      TF_RETURN_IF_ERROR(c->Divide(Channels(c, c->input(0)), static_cast<int64_t>(gh) * gw,
+      DimensionHandle channels, d;
+      TF_RETURN_IF_ERROR(Channels(c, &channels));
+      TF_RETURN_IF_ERROR(c->Divide(channels, static_cast<int64_t>(gh) * gw,
                                    /*evenly_divisible=*/true, &d));
       return PooledShape(c, "pooled_height", "pooled_width", d);
     })

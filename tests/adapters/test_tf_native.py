@@ -455,6 +455,15 @@ def test_raw_ops_refuse_bad_input_with_invalid_argument(library):
             [N, H, W, C], rules=rtf._rules("roi_pool/max")),
          "argmax"),
     ]
+    import dataclasses
+    from roicore.core import args
+    int64_argmax = list(args.rules_codes(dataclasses.replace(rtf._MAX_RULES,
+                                                             argmax_dtype="int64")))
+    cases.append((lambda: library.roicore_roi_pool_max(
+        images, boxes, idx, pooled_height=2, pooled_width=2, spatial_scale=0.5,
+        rules=int64_argmax).argmax,
+        r"rules asks for an int64 argmax \(argmax_dtype\), but this op's argmax output is "
+        r"int32"))
     for call, message in cases:
         with pytest.raises(tf.errors.InvalidArgumentError, match=message):
             call()
@@ -556,3 +565,34 @@ def test_the_op_library_shares_roicore_cores_runtime(library):
     # a psroi pass in NHWC keeps its NCHW copy of the images (1 MiB or more) as scratch
     rtf.psroi_pool(tf.ones([1, 64, 64, 4 * 49]), b[:2], i[:2], 7)
     assert rc.release_output_cache() >= 64 * 64 * 4 * 49 * 4
+
+
+def test_shape_functions_check_ranks_before_reading_dimensions(library):
+    """In a graph, images of the wrong rank reached c->Dim(images, 3) before any rank check
+    (psroi_pool, roi_align, crop_and_resize, roi_pool): a read past the shape, a segfault
+    (found by tests/fuzz/fuzz_native.py).  In a fresh interpreter: a crash ends it."""
+    out = run_python("""
+        import tensorflow as tf
+        from roicore.adapters import tf as rtf
+        lib = rtf.native_ops()
+        x, b, i = tf.zeros([1, 3], tf.float64), tf.zeros([0, 4], tf.float64), tf.zeros([0], tf.int64)
+        calls = {
+            "psroi": lambda: lib.roicore_psroi_pool(x, b, i, pooled_height=1, pooled_width=1,
+                group_height=2**20, group_width=1, spatial_scale=0.0625,
+                rules=rtf._rules("psroi_pool")),
+            "roi_align": lambda: lib.roicore_roi_align(x, b, i, pooled_height=2, pooled_width=2,
+                spatial_scale=1.0, rules=rtf._rules("roi_align")),
+            "crop": lambda: lib.roicore_crop_and_resize(x, b, i, crop_height=2, crop_width=2,
+                rules=rtf._rules("roi_pool/bilinear")),
+            "max": lambda: lib.roicore_roi_pool_max(x, b, i, pooled_height=2, pooled_width=2,
+                spatial_scale=1.0, rules=rtf._rules("roi_pool/max")),
+        }
+        for name, call in calls.items():
+            try:
+                tf.function(call, autograph=False)()
+                print(name, "returned")
+            except ValueError as e:
+                print(name, "ValueError", "must be rank 4" in str(e))
+    """)
+    assert out.split("\n")[-5:-1] == [f"{n} ValueError True" for n in ("psroi", "roi_align",
+                                                                       "crop", "max")], out
