@@ -66,8 +66,18 @@ def _computable(t: Tensor) -> Tensor:
     return t if t.dtype in _COMPUTED else t.float()
 
 
-def _array(t: Tensor) -> np.ndarray:
-    """A NumPy view of a CPU tensor (no copy)."""
+def _floats(**tensors: Tensor) -> None:
+    """The operators' own check of their tensors' dtypes, for callers of torch.ops.roicore.*
+    (and of the fake implementations), which skip the functions' checks."""
+    for name, t in tensors.items():
+        if t.dtype not in _ACCEPTED:
+            raise TypeError(f"roicore operator: {name} must be float32, float64, float16 or "
+                            f"bfloat16, got {t.dtype}")
+
+
+def _array(t: Tensor, name: str) -> np.ndarray:
+    """A NumPy view of a CPU tensor (no copy), its dtype checked."""
+    _floats(**{name: t})
     return _computable(t).detach().numpy()
 
 
@@ -89,7 +99,8 @@ def _roi_pool(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: 
               pooled_width: int, need_argmax: bool, n_threads: Optional[int]
               ) -> Tuple[Tensor, Tensor]:
     """(output, argmax); argmax is empty unless ``need_argmax``."""
-    res = core.roi_pool(_array(input), _array(rois), (pooled_height, pooled_width), spatial_scale,
+    res = core.roi_pool(_array(input, "input"), _array(rois, "rois"),
+                        (pooled_height, pooled_width), spatial_scale,
                         convention=CONVENTION, names=NAMES, return_argmax=need_argmax,
                         n_threads=_threads(n_threads))
     y, argmax = res if need_argmax else (res, np.empty(0, np.int32))
@@ -98,6 +109,7 @@ def _roi_pool(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: 
 
 @_roi_pool.register_fake
 def _(input, rois, spatial_scale, pooled_height, pooled_width, need_argmax, n_threads):
+    _floats(input=input, rois=rois)
     shape = (rois.shape[0], input.shape[1], pooled_height, pooled_width)
     if not need_argmax:
         return input.new_empty(shape), input.new_empty(0, dtype=torch.int32)
@@ -110,7 +122,8 @@ def _(input, rois, spatial_scale, pooled_height, pooled_width, need_argmax, n_th
 def _roi_pool_backward(grad: Tensor, argmax: Tensor, rois: Tensor, batch_size: int,
                        channels: int, height: int, width: int, n_threads: Optional[int]
                        ) -> Tensor:
-    dx = core.roi_pool_backward(_array(grad), _array(rois), (batch_size, channels, height, width),
+    dx = core.roi_pool_backward(_array(grad, "grad"), _array(rois, "rois"),
+                                (batch_size, channels, height, width),
                                 convention=CONVENTION, names=NAMES, argmax=argmax.numpy(),
                                 n_threads=_threads(n_threads))
     return _tensor(dx, grad)
@@ -118,6 +131,7 @@ def _roi_pool_backward(grad: Tensor, argmax: Tensor, rois: Tensor, batch_size: i
 
 @_roi_pool_backward.register_fake
 def _(grad, argmax, rois, batch_size, channels, height, width, n_threads):
+    _floats(grad=grad, rois=rois)
     return grad.new_empty((batch_size, channels, height, width))
 
 
@@ -151,7 +165,7 @@ _roi_pool.register_autograd(_roi_pool_gradient, setup_context=_roi_pool_context)
 def _roi_align(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
                pooled_width: int, sampling_ratio: int, aligned: bool, n_threads: Optional[int]
                ) -> Tensor:
-    y = core.roi_align(_array(input), _array(rois), (pooled_height, pooled_width),
+    y = core.roi_align(_array(input, "input"), _array(rois, "rois"), (pooled_height, pooled_width),
                        spatial_scale, sampling_ratio, aligned, convention=CONVENTION, names=NAMES,
                        n_threads=_threads(n_threads))
     return _tensor(y, input)
@@ -160,6 +174,7 @@ def _roi_align(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height:
 @_roi_align.register_fake
 def _(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned,
       n_threads):
+    _floats(input=input, rois=rois)
     return input.new_empty((rois.shape[0], input.shape[1], pooled_height, pooled_width))
 
 
@@ -167,7 +182,7 @@ def _(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, a
 def _roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, batch_size: int,
                         channels: int, height: int, width: int, sampling_ratio: int,
                         aligned: bool, n_threads: Optional[int]) -> Tensor:
-    dx = core.roi_align_backward(_array(grad), _array(rois),
+    dx = core.roi_align_backward(_array(grad, "grad"), _array(rois, "rois"),
                                  (batch_size, channels, height, width), spatial_scale,
                                  sampling_ratio, aligned, convention=CONVENTION, names=NAMES,
                                  n_threads=_threads(n_threads))
@@ -177,6 +192,7 @@ def _roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, batch_
 @_roi_align_backward.register_fake
 def _(grad, rois, spatial_scale, batch_size, channels, height, width, sampling_ratio, aligned,
       n_threads):
+    _floats(grad=grad, rois=rois)
     return grad.new_empty((batch_size, channels, height, width))
 
 
@@ -205,13 +221,15 @@ def _position_sensitive_shape(input, rois, pooled_height, pooled_width):
 @torch.library.custom_op("roicore::ps_roi_pool", mutates_args=(), device_types="cpu")
 def _ps_roi_pool(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
                  pooled_width: int, n_threads: Optional[int]) -> Tensor:
-    y = core.psroi_pool(_array(input), _array(rois), (pooled_height, pooled_width), spatial_scale,
+    y = core.psroi_pool(_array(input, "input"), _array(rois, "rois"),
+                        (pooled_height, pooled_width), spatial_scale,
                         convention=CONVENTION, names=NAMES, n_threads=_threads(n_threads))
     return _tensor(y, input)
 
 
 @_ps_roi_pool.register_fake
 def _(input, rois, spatial_scale, pooled_height, pooled_width, n_threads):
+    _floats(input=input, rois=rois)
     return input.new_empty(_position_sensitive_shape(input, rois, pooled_height, pooled_width))
 
 
@@ -219,7 +237,7 @@ def _(input, rois, spatial_scale, pooled_height, pooled_width, n_threads):
 def _ps_roi_pool_backward(grad: Tensor, rois: Tensor, spatial_scale: float, batch_size: int,
                           channels: int, height: int, width: int, n_threads: Optional[int]
                           ) -> Tensor:
-    dx = core.psroi_pool_backward(_array(grad), _array(rois),
+    dx = core.psroi_pool_backward(_array(grad, "grad"), _array(rois, "rois"),
                                   (batch_size, channels, height, width), spatial_scale,
                                   convention=CONVENTION, names=NAMES, n_threads=_threads(n_threads))
     return _tensor(dx, grad)
@@ -227,6 +245,7 @@ def _ps_roi_pool_backward(grad: Tensor, rois: Tensor, spatial_scale: float, batc
 
 @_ps_roi_pool_backward.register_fake
 def _(grad, rois, spatial_scale, batch_size, channels, height, width, n_threads):
+    _floats(grad=grad, rois=rois)
     return grad.new_empty((batch_size, channels, height, width))
 
 
@@ -247,14 +266,15 @@ _ps_roi_pool.register_autograd(_ps_roi_pool_gradient, setup_context=_ps_roi_pool
 @torch.library.custom_op("roicore::ps_roi_align", mutates_args=(), device_types="cpu")
 def _ps_roi_align(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
                   pooled_width: int, sampling_ratio: int, n_threads: Optional[int]) -> Tensor:
-    y = core.ps_roi_align(_array(input), _array(rois), (pooled_height, pooled_width),
-                          spatial_scale, sampling_ratio, convention=CONVENTION, names=NAMES,
-                          n_threads=_threads(n_threads))
+    y = core.ps_roi_align(_array(input, "input"), _array(rois, "rois"),
+                          (pooled_height, pooled_width), spatial_scale, sampling_ratio,
+                          convention=CONVENTION, names=NAMES, n_threads=_threads(n_threads))
     return _tensor(y, input)
 
 
 @_ps_roi_align.register_fake
 def _(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, n_threads):
+    _floats(input=input, rois=rois)
     return input.new_empty(_position_sensitive_shape(input, rois, pooled_height, pooled_width))
 
 
@@ -262,7 +282,7 @@ def _(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, n
 def _ps_roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, batch_size: int,
                            channels: int, height: int, width: int, sampling_ratio: int,
                            n_threads: Optional[int]) -> Tensor:
-    dx = core.ps_roi_align_backward(_array(grad), _array(rois),
+    dx = core.ps_roi_align_backward(_array(grad, "grad"), _array(rois, "rois"),
                                     (batch_size, channels, height, width), spatial_scale,
                                     sampling_ratio, convention=CONVENTION, names=NAMES,
                                     n_threads=_threads(n_threads))
@@ -272,6 +292,7 @@ def _ps_roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, bat
 @_ps_roi_align_backward.register_fake
 def _(grad, rois, spatial_scale, batch_size, channels, height, width, sampling_ratio,
       n_threads):
+    _floats(grad=grad, rois=rois)
     return grad.new_empty((batch_size, channels, height, width))
 
 
@@ -303,8 +324,10 @@ def _check_input(input, op: str):
 
 
 def _rois(boxes, input: Tensor, op: str) -> Tensor:
-    """Boxes as torchvision's Tensor[K, 5] rois (a list of Tensor[L, 4] gets the batch
-    column of its position, in the boxes' dtype, as torchvision builds it)."""
+    """Boxes as torchvision's Tensor[K, 5] rois.  A list of Tensor[L, 4] gets the batch
+    column of its position as torchvision builds it, but in float32 for float16 and
+    bfloat16 boxes (computed in float32 anyway), where torchvision's column would round
+    the index of image 257 (bfloat16) or 2049 (float16) and on."""
     if isinstance(boxes, (list, tuple)):
         for i, b in enumerate(boxes):
             if not isinstance(b, Tensor) or b.dim() != 2 or b.shape[1] != 4:
@@ -316,8 +339,16 @@ def _rois(boxes, input: Tensor, op: str) -> Tensor:
         if isinstance(input, Tensor) and len(boxes) > input.shape[0]:
             raise ValueError(f"{op}: boxes is a list of {len(boxes)} Tensor[L, 4], one per image, "
                              f"but input holds {input.shape[0]} image(s)")
-        ids = [torch.full_like(b[:, :1], i) for i, b in enumerate(boxes)]
-        rois = torch.cat([torch.cat(ids), torch.cat(list(boxes))], dim=1)
+        for i, b in enumerate(boxes):
+            if b.dtype != input.dtype:
+                raise TypeError(f"{op}: boxes[{i}] must have input's dtype {input.dtype}, got "
+                                f"{b.dtype}")
+        # the batch column in the dtype the core computes in: float16 holds integers only
+        # up to 2048 and bfloat16 up to 256, so image 257's boxes would pool image 256
+        dtype = input.dtype if input.dtype in _COMPUTED else torch.float32
+        ids = [torch.full((b.shape[0], 1), i, dtype=dtype, device=b.device)
+               for i, b in enumerate(boxes)]
+        return torch.cat([torch.cat(ids), torch.cat([b.to(dtype) for b in boxes])], dim=1)
     elif isinstance(boxes, Tensor):
         if boxes.dim() != 2 or boxes.shape[1] != 5:
             raise ValueError(f"{op}: boxes must be a Tensor[K, 5] of [batch_index, x1, y1, x2, "

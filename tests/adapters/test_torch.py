@@ -204,6 +204,34 @@ def test_half_precision_is_computed_in_float32(op, dtype):
     assert_same(got_g, xf.grad.to(dtype), "gradient")
 
 
+@pytest.mark.parametrize("dtype, n", [(torch.bfloat16, 300), (torch.float16, 2100)], ids=str)
+@pytest.mark.parametrize("op", OPS)
+def test_half_precision_list_boxes_pool_their_own_image(op, dtype, n):
+    """The batch column of a list of boxes was built in the boxes' dtype, where bfloat16
+    rounds 257 to 256 and float16 2049 to 2048: the last image's box pooled another
+    image.  Only the last image is nonzero here."""
+    x = torch.zeros(n, 4, 4, 4, dtype=dtype)
+    x[n - 1] = 1
+    empty = torch.zeros(0, 4, dtype=dtype)
+    y = getattr(rt, op)(x, [empty] * (n - 1) + [torch.tensor([[0, 0, 3, 3]], dtype=dtype)], 2)
+    assert y.dtype == dtype and bool((y == 1).all()), y
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_the_registered_operators_check_their_dtypes(op):
+    """torch.ops.roicore.* called directly (as a traced or exported graph calls them) skip
+    the functions' checks: an int64 input returned int64 results."""
+    x = torch.arange(64).reshape(1, 4, 4, 4)
+    rois = torch.tensor([[0, 0, 0, 2, 2.0]])
+    args = {"roi_pool": (1.0, 2, 2, False, None), "roi_align": (1.0, 2, 2, 2, False, None),
+            "ps_roi_pool": (1.0, 2, 2, None), "ps_roi_align": (1.0, 2, 2, 2, None)}[op]
+    with pytest.raises(TypeError, match=r"roicore operator: input must be float32, float64, "
+                                        r"float16 or bfloat16, got torch.int64"):
+        getattr(torch.ops.roicore, op)(x, rois, *args)
+    with pytest.raises(TypeError, match=r"roicore operator: input must be"):  # the fake too
+        getattr(torch.ops.roicore, op)(x.to("meta"), rois.to("meta"), *args)
+
+
 # ----------------------------------------------------------------------------- registration
 
 def _op_samples():
