@@ -36,6 +36,12 @@ class DeviceCopyWarning(RuntimeWarning):
     """A roicore adapter copied a tensor from an accelerator to the host and back."""
 
 
+def switched_off(variable: str) -> bool:
+    """Whether environment variable ``variable`` turns something off: 0, false, off or no
+    (any case), the one reading of every roicore switch."""
+    return os.environ.get(variable, "").strip().lower() in ("0", "false", "off", "no")
+
+
 def _policy_from_env():
     value = os.environ.get("ROICORE_DEVICE_POLICY", "copy")
     if value not in DEVICE_POLICIES:

@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import re
 import warnings
 
@@ -60,7 +59,7 @@ import numpy as np
 from roicore import core
 from roicore.core import args, conventions
 
-from ._common import off_host, require
+from ._common import off_host, require, switched_off
 
 paddle = require("paddle", "paddle")
 from paddle.autograd import PyLayer  # noqa: E402
@@ -136,7 +135,7 @@ def _operators():
     if _native is not None:
         return _native
     if _native_unavailable is None:
-        if os.environ.get("ROICORE_NATIVE_OPS", "1").strip().lower() in ("0", "false", "off"):
+        if switched_off("ROICORE_NATIVE_OPS"):
             _native_unavailable = "ROICORE_NATIVE_OPS=0 turns them off"
             return None
         from .native.build import NativeBuildError

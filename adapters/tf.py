@@ -76,7 +76,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import numbers
-import os
 import warnings
 
 import numpy as np
@@ -85,7 +84,7 @@ from roicore import core
 from roicore.core import args, conventions
 
 from . import _tf_common, _tf_numpy
-from ._common import require
+from ._common import require, switched_off
 from ._tf_common import back_to, on_host
 
 tf = require("tensorflow", "tf")
@@ -184,7 +183,7 @@ def native_ops():
     be built or loaded (a :class:`NativeOpsWarning` then says why, once)."""
     if "library" not in _LIBRARY:
         library = None
-        if os.environ.get("ROICORE_TF_NATIVE", "").strip() != "0":
+        if not switched_off("ROICORE_TF_NATIVE"):
             try:
                 from .native import tf as native_tf
                 library = native_tf.load()

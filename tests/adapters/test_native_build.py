@@ -298,3 +298,13 @@ def test_waiting_for_the_lock_gives_up(tmp_path):
                              timeout=60).stdout
     assert out.startswith(f"roicore waited 1 s for another process's build in {tmp_path} "
                           "and gave up (ROICORE_LOCK_TIMEOUT sets the wait)"), out
+
+
+@pytest.mark.parametrize("value, off", [("0", True), ("false", True), ("OFF", True),
+                                        ("no", True), (" 0 ", True), ("1", False),
+                                        ("", False), ("on", False)])
+def test_every_switch_reads_the_same(value, off, monkeypatch):
+    """ROICORE_TF_NATIVE took only "0", ROICORE_NATIVE_OPS also "false" and "off"."""
+    from roicore.adapters import _common
+    monkeypatch.setenv("ROICORE_TF_NATIVE", value)
+    assert _common.switched_off("ROICORE_TF_NATIVE") is off
