@@ -221,38 +221,67 @@ cdef void *_writable(object a) except? NULL:
     return p
 
 
-cdef roicore_tensor _tensor(object a) except *:
+# The callers (roicore.core.ops) pass checked arrays; these checks keep a caller that does
+# not (a bug, or a user of this private module) from handing the C API sizes and dtypes
+# that do not describe the memory behind the pointers.
+
+cdef roicore_dtype _float_dtype(object a, str name) except *:
+    dt = a.dtype
+    if dt.kind != "f" or not dt.isnative or dt.itemsize not in (4, 8):
+        raise TypeError(f"{name} must be a native float32 or float64 array, got {dt}")
+    return ROICORE_FLOAT32 if dt.itemsize == 4 else ROICORE_FLOAT64
+
+
+cdef roicore_tensor _tensor(object a, str name="x") except *:
     """A 4-D float32/float64 NCHW array as a tensor the call reads."""
     cdef roicore_tensor t
     memset(&t, 0, sizeof(t))
-    shape = a.shape
+    if a.ndim != 4:
+        raise ValueError(f"{name} must be a 4-D array, got shape {a.shape}")
+    t.dtype = _float_dtype(a, name)
     t.data = _data(a)
-    t.dtype = ROICORE_FLOAT32 if a.dtype.itemsize == 4 else ROICORE_FLOAT64
     t.layout = ROICORE_NCHW
-    t.n, t.c, t.h, t.w = shape[0], shape[1], shape[2], shape[3]
+    t.n, t.c, t.h, t.w = a.shape
     return t
 
 
-cdef roicore_out_tensor _out(object a) except *:
+cdef roicore_out_tensor _out(object a, str name="out") except *:
     """... and one the call writes."""
     cdef roicore_out_tensor t
     memset(&t, 0, sizeof(t))
-    shape = a.shape
+    if a.ndim != 4:
+        raise ValueError(f"{name} must be a 4-D array, got shape {a.shape}")
+    t.dtype = _float_dtype(a, name)
     t.data = _writable(a)
-    t.dtype = ROICORE_FLOAT32 if a.dtype.itemsize == 4 else ROICORE_FLOAT64
     t.layout = ROICORE_NCHW
-    t.n, t.c, t.h, t.w = shape[0], shape[1], shape[2], shape[3]
+    t.n, t.c, t.h, t.w = a.shape
     return t
 
 
-cdef roicore_boxes _boxes(object coords, object batch, bint masked) except *:
+cdef roicore_boxes _boxes(object coords, object batch, bint masked,
+                          roicore_dtype dtype) except *:
+    """Boxes: `batch` int64 (K,), `coords` None or (K, 4) in `dtype` (the map's)."""
     cdef roicore_boxes b
     memset(&b, 0, sizeof(b))
+    if batch.ndim != 1 or batch.dtype != np.int64:
+        raise TypeError(f"batch must be a 1-D int64 array, got {batch.dtype} of shape "
+                        f"{batch.shape}")
     b.k = batch.shape[0]
-    b.coords = _data(coords) if coords is not None else NULL
+    if coords is not None:
+        if coords.shape != (b.k, 4) or _float_dtype(coords, "coords") != dtype:
+            raise ValueError(f"coords must be ({b.k}, 4) in the map's dtype, got "
+                             f"{coords.dtype} of shape {coords.shape}")
+        b.coords = _data(coords)
     b.batch = <const int64_t *>_data(batch)
     b.masked = masked
     return b
+
+
+cdef roicore_index_type _argmax_type(object argmax, tuple shape) except *:
+    if argmax.shape != shape or argmax.dtype not in (np.int32, np.int64):
+        raise ValueError(f"argmax must be int32 or int64 of shape {shape}, got "
+                         f"{argmax.dtype} of shape {argmax.shape}")
+    return ROICORE_INT32 if argmax.dtype == np.int32 else ROICORE_INT64
 
 
 _MAIN_THREAD = threading.main_thread().ident
@@ -303,9 +332,9 @@ def roi_pool_max_forward(rules, x, coords, batch, double spatial_scale, out, arg
     cdef _Rules r = _rules(rules)
     cdef roicore_tensor tx = _tensor(x)
     cdef roicore_out_tensor to = _out(out)
-    cdef roicore_boxes b = _boxes(coords, batch, masked)
+    cdef roicore_boxes b = _boxes(coords, batch, masked, tx.dtype)
+    cdef roicore_index_type at = ROICORE_INT32 if argmax is None else _argmax_type(argmax, out.shape)
     cdef void *am = _writable(argmax) if argmax is not None else NULL
-    cdef roicore_index_type at = ROICORE_INT32 if argmax is None or argmax.dtype.itemsize == 4 else ROICORE_INT64
     cdef _Call call = _Call(n_threads)
     cdef roicore_status status
     with nogil:
@@ -318,11 +347,11 @@ def roi_pool_max_backward(rules, grad_output, argmax, batch, grad_input, int n_t
                           bint masked=False):
     """Scatter grad_output to its argmax into grad_input (all of it written)."""
     cdef _Rules r = _rules(rules)
-    cdef roicore_tensor tg = _tensor(grad_output)
-    cdef roicore_out_tensor tdx = _out(grad_input)
-    cdef roicore_boxes b = _boxes(None, batch, masked)
+    cdef roicore_tensor tg = _tensor(grad_output, "grad_output")
+    cdef roicore_out_tensor tdx = _out(grad_input, "grad_input")
+    cdef roicore_boxes b = _boxes(None, batch, masked, tg.dtype)
+    cdef roicore_index_type at = _argmax_type(argmax, grad_output.shape)
     cdef const void *am = _data(argmax)
-    cdef roicore_index_type at = ROICORE_INT32 if argmax.dtype.itemsize == 4 else ROICORE_INT64
     cdef _Call call = _Call(n_threads)
     cdef roicore_status status
     with nogil:
@@ -353,7 +382,7 @@ def roi_pool_bilinear_forward(rules, x, coords, batch, double extrapolation_valu
     cdef _Rules r = _rules(rules)
     cdef roicore_tensor tx = _tensor(x)
     cdef roicore_out_tensor to = _out(out)
-    cdef roicore_boxes b = _boxes(coords, batch, masked)
+    cdef roicore_boxes b = _boxes(coords, batch, masked, tx.dtype)
     cdef _Call call = _Call(n_threads)
     cdef roicore_status status
     with nogil:
@@ -372,9 +401,9 @@ def roi_pool_bilinear_backward(rules, grad_output, coords, batch, grad_input, in
                                bint masked=False, bint nearest=False):
     """The crops' gradient with respect to the map into `grad_input` (all of it written)."""
     cdef _Rules r = _rules(rules)
-    cdef roicore_tensor tg = _tensor(grad_output)
-    cdef roicore_out_tensor tdx = _out(grad_input)
-    cdef roicore_boxes b = _boxes(coords, batch, masked)
+    cdef roicore_tensor tg = _tensor(grad_output, "grad_output")
+    cdef roicore_out_tensor tdx = _out(grad_input, "grad_input")
+    cdef roicore_boxes b = _boxes(coords, batch, masked, tg.dtype)
     cdef _Call call = _Call(n_threads)
     cdef roicore_status status
     with nogil:
@@ -391,8 +420,8 @@ def roi_pool_bilinear_boxes_backward(rules, grad_output, x, coords, batch, grad_
                                      int n_threads, bint masked=False):
     """The bilinear crops' gradient with respect to the boxes into `grad_boxes` (K, 4)."""
     cdef _Rules r = _rules(rules)
-    cdef roicore_tensor tg = _tensor(grad_output), tx = _tensor(x)
-    cdef roicore_boxes b = _boxes(coords, batch, masked)
+    cdef roicore_tensor tg = _tensor(grad_output, "grad_output"), tx = _tensor(x)
+    cdef roicore_boxes b = _boxes(coords, batch, masked, tx.dtype)
     cdef void *gb = _writable(grad_boxes)
     cdef _Call call = _Call(n_threads)
     cdef roicore_status status
@@ -407,7 +436,7 @@ def ps_roi_pool_forward(rules, x, coords, batch, double spatial_scale, int64_t g
     cdef _Rules r = _rules(rules)
     cdef roicore_tensor tx = _tensor(x)
     cdef roicore_out_tensor to = _out(out)
-    cdef roicore_boxes b = _boxes(coords, batch, masked)
+    cdef roicore_boxes b = _boxes(coords, batch, masked, tx.dtype)
     cdef _Call call = _Call(n_threads)
     cdef roicore_status status
     with nogil:
@@ -420,9 +449,9 @@ def ps_roi_pool_backward(rules, grad_output, coords, batch, double spatial_scale
                          int64_t group_h, int64_t group_w, grad_input, int n_threads,
                          bint masked=False):
     cdef _Rules r = _rules(rules)
-    cdef roicore_tensor tg = _tensor(grad_output)
-    cdef roicore_out_tensor tdx = _out(grad_input)
-    cdef roicore_boxes b = _boxes(coords, batch, masked)
+    cdef roicore_tensor tg = _tensor(grad_output, "grad_output")
+    cdef roicore_out_tensor tdx = _out(grad_input, "grad_input")
+    cdef roicore_boxes b = _boxes(coords, batch, masked, tg.dtype)
     cdef _Call call = _Call(n_threads)
     cdef roicore_status status
     with nogil:
@@ -436,7 +465,7 @@ def roi_align_forward(rules, x, coords, batch, double spatial_scale, int64_t sam
     cdef _Rules r = _rules(rules)
     cdef roicore_tensor tx = _tensor(x)
     cdef roicore_out_tensor to = _out(out)
-    cdef roicore_boxes b = _boxes(coords, batch, masked)
+    cdef roicore_boxes b = _boxes(coords, batch, masked, tx.dtype)
     cdef _Call call = _Call(n_threads)
     cdef roicore_status status
     with nogil:
@@ -449,9 +478,9 @@ def roi_align_backward(rules, grad_output, coords, batch, double spatial_scale,
                        int64_t sampling_ratio, bint aligned, grad_input, int n_threads,
                        bint masked=False):
     cdef _Rules r = _rules(rules)
-    cdef roicore_tensor tg = _tensor(grad_output)
-    cdef roicore_out_tensor tdx = _out(grad_input)
-    cdef roicore_boxes b = _boxes(coords, batch, masked)
+    cdef roicore_tensor tg = _tensor(grad_output, "grad_output")
+    cdef roicore_out_tensor tdx = _out(grad_input, "grad_input")
+    cdef roicore_boxes b = _boxes(coords, batch, masked, tg.dtype)
     cdef _Call call = _Call(n_threads)
     cdef roicore_status status
     with nogil:
@@ -465,7 +494,7 @@ def ps_roi_align_forward(rules, x, coords, batch, double spatial_scale, int64_t 
     cdef _Rules r = _rules(rules)
     cdef roicore_tensor tx = _tensor(x)
     cdef roicore_out_tensor to = _out(out)
-    cdef roicore_boxes b = _boxes(coords, batch, masked)
+    cdef roicore_boxes b = _boxes(coords, batch, masked, tx.dtype)
     cdef _Call call = _Call(n_threads)
     cdef roicore_status status
     with nogil:
@@ -477,9 +506,9 @@ def ps_roi_align_forward(rules, x, coords, batch, double spatial_scale, int64_t 
 def ps_roi_align_backward(rules, grad_output, coords, batch, double spatial_scale,
                           int64_t sampling_ratio, grad_input, int n_threads, bint masked=False):
     cdef _Rules r = _rules(rules)
-    cdef roicore_tensor tg = _tensor(grad_output)
-    cdef roicore_out_tensor tdx = _out(grad_input)
-    cdef roicore_boxes b = _boxes(coords, batch, masked)
+    cdef roicore_tensor tg = _tensor(grad_output, "grad_output")
+    cdef roicore_out_tensor tdx = _out(grad_input, "grad_input")
+    cdef roicore_boxes b = _boxes(coords, batch, masked, tg.dtype)
     cdef _Call call = _Call(n_threads)
     cdef roicore_status status
     with nogil:

@@ -25,6 +25,7 @@ import math
 import operator
 import os
 import threading
+import warnings
 
 import numpy as np
 
@@ -44,17 +45,19 @@ SLACK = 0.25
 
 def _default_limit():
     """ROICORE_OUTPUT_CACHE_MB if set, else 1/8 of physical memory, at most 2 GiB: room for
-    the largest standard workload's output and argmax (2 x 803 MB at c4_14x14)."""
+    the largest standard workload's output and argmax (2 x 803 MB at c4_14x14).  A value
+    that is not a finite number >= 0 is ignored with a warning: a tuning variable should
+    not stop ``import roicore.core``."""
     value = os.environ.get("ROICORE_OUTPUT_CACHE_MB")
     if value is not None:
         try:
             mb = float(value)
         except ValueError:
-            raise ValueError(f"ROICORE_OUTPUT_CACHE_MB must be a number of MB, got {value!r}") \
-                from None
-        if not mb >= 0:
-            raise ValueError(f"ROICORE_OUTPUT_CACHE_MB must be >= 0, got {value!r}")
-        return int(mb * (1 << 20))
+            mb = math.nan
+        if 0 <= mb < math.inf:
+            return int(mb * (1 << 20))
+        warnings.warn(f"ROICORE_OUTPUT_CACHE_MB must be a finite number of MB >= 0, got "
+                      f"{value!r}; using the default", RuntimeWarning, stacklevel=2)
     try:
         physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
@@ -160,6 +163,16 @@ class OutputCache:
 
 _CACHE = OutputCache(_default_limit())
 empty = _CACHE.empty
+
+
+def _lock_afresh_in_child():
+    # A child forked while another thread held the lock would wait for it forever on its
+    # first large output; the idle blocks are the child's copies and stay valid.
+    _CACHE._lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_lock_afresh_in_child)
 
 
 def get_memory_limit():

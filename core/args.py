@@ -152,10 +152,20 @@ def ps_channels(output_size, group_size, C, output_channels, channels_of="x"):
 
 _INT64_MAX = 2**63 - 1
 
-def contiguous(arr, dtype=None):
-    """``arr`` C-contiguous, aligned and (when given) of ``dtype``: a copy only if needed.
+def contiguous(arr, dtype=None, name="an input"):
+    """``arr`` C-contiguous, aligned, in native byte order and (when given) of ``dtype``:
+    a copy only if needed, and then checked against roicore's memory limit first (a
+    broadcast or strided view can stand for far more memory than it holds).
     (np.ascontiguousarray keeps an unaligned array as it is.)"""
-    out = np.ascontiguousarray(arr, dtype=dtype)
+    arr = np.asarray(arr)
+    target = np.dtype(dtype) if dtype is not None else arr.dtype
+    if not target.isnative:
+        target = target.newbyteorder("=")
+    if arr.dtype == target and arr.flags.c_contiguous and arr.flags.aligned:
+        return arr
+    nbytes = arr.size * target.itemsize
+    _memory.check_limit(nbytes, f"the contiguous {target} copy of {name}, shape {arr.shape},")
+    out = np.ascontiguousarray(arr, dtype=target)
     return out if out.flags.aligned else out.copy()
 
 
@@ -179,14 +189,17 @@ def nchw_float(a, name, dims="(N, C, H, W)"):
         raise ValueError(f"{name} must be a 4-D {dims} array, got shape {arr.shape}")
     # (kind, size and byte order: comparing the dtype with each type converts the type
     # every time)
-    if arr.dtype.kind != "f" or arr.dtype.itemsize not in (2, 4, 8) or not arr.dtype.isnative:
+    if arr.dtype.kind != "f" or arr.dtype.itemsize not in (2, 4, 8):
         raise TypeError(f"{name} must have dtype float16, float32 or float64, got {arr.dtype}")
     if arr.shape[2] < 1 or arr.shape[3] < 1:
         last = dims.strip("()").split(", ")[2:]
         raise ValueError(f"{name} must have {last[0]} >= 1 and {last[1]} >= 1, got shape "
                          f"{arr.shape}")
-    compute = np.float32 if arr.dtype.itemsize == 2 else arr.dtype
-    return contiguous(arr, compute), arr.dtype
+    # computed in native byte order (a big-endian array is copied, as boxes are); float16
+    # in float32; the result comes back in the native form of the input's dtype
+    native = arr.dtype.newbyteorder("=")
+    compute = np.float32 if native.itemsize == 2 else native
+    return contiguous(arr, compute, name), native
 
 
 def input_shape(shape, name="input_shape"):
@@ -255,7 +268,8 @@ def batch_from_indices(indices, n_boxes, n_images, masked=False, name="batch_ind
                          f"{b.shape}")
     if b.dtype == np.uint64 and b.size and b.max() > _INT64_MAX:
         # beyond int64: the C API reads it as a float, which is out of range all the same
-        return _binding.batch_from_column(b.astype(np.float64), n_images, masked, name)
+        return _binding.batch_from_column(contiguous(b, np.float64, name), n_images, masked,
+                                          name)
     return _binding.batch_from_indices(_int_array(b, name), n_images, masked, name)
 
 
@@ -264,8 +278,8 @@ def _int_array(a, name):
     if a.dtype not in (np.int32, np.int64):
         if a.dtype == np.uint64 and a.size and a.max() > _INT64_MAX:
             raise ValueError(f"{name} holds {a.max()}, beyond int64")
-        a = a.astype(np.int64)
-    return contiguous(a)
+        return contiguous(a, np.int64, name)
+    return contiguous(a, name=name)
 
 
 def boxes_from_yx(boxes, dtype, name="boxes"):
@@ -310,7 +324,7 @@ def boxes_and_batch(boxes, batch_indices, n_images, dtype, masked=False, name="b
                              f"{batch_name} must then be None")
         column = arr[:, 0]
         if column.dtype not in (np.float32, np.float64):  # others, as float64 (the C API's)
-            column = column.astype(np.float64)
+            column = contiguous(column, np.float64, f"{name}[:, 0]")
         elif not column.flags.aligned:  # the C API reads whole elements
             column = column.copy()
         batch = _binding.batch_from_column(column, n_images, masked, f"{name}[:, 0]")
@@ -321,7 +335,7 @@ def boxes_and_batch(boxes, batch_indices, n_images, dtype, masked=False, name="b
                              f"{batch_name}, or (K, 5) boxes [batch, x1, y1, x2, y2]")
         batch = batch_from_indices(batch_indices, arr.shape[0], n_images, masked, batch_name)
         coords = arr
-    coords = contiguous(coords, dtype)
+    coords = contiguous(coords, dtype, name)
     check_coords(coords, name=name)
     return coords, batch
 

@@ -216,8 +216,8 @@ int ROICORE_CAT(roicore_blocked_backward, SFX)(const BWD_JOB *job, roicore_run *
     const int64_t K = g->n, P = g->h * g->w;
     T *dxdata = (T *)ROICORE_WRITABLE(dx);
     const T *gdata = (const T *)g->data;
-    if (K == 0 || C == 0) {
-        memset(dxdata, 0, (size_t)roicore_tensor_bytes(dx));  /* nothing to add */
+    if (K == 0 || C == 0) {  /* nothing to add (and dx may hold no elements, and no data) */
+        if (roicore_tensor_bytes(dx) > 0) memset(dxdata, 0, (size_t)roicore_tensor_bytes(dx));
         return ROICORE_OK;
     }
     const int nt = run->n_threads;

@@ -138,17 +138,54 @@ static __thread int team_probed = 1;  /* the largest team known to start from th
 
 static void *probe_thread(void *arg) { return arg; }
 
+/* The stack size libgomp gives its threads: OMP_STACKSIZE ("size" with an optional B, K, M
+ * or G suffix, K by default), else GOMP_STACKSIZE (in KiB); 0 for the default. */
+static size_t omp_stack_size(void) {
+    const char *v = getenv("OMP_STACKSIZE");
+    int kib_only = 0;
+    if (!v || !*v) {
+        v = getenv("GOMP_STACKSIZE");
+        kib_only = 1;
+    }
+    if (!v || !*v) return 0;
+    char *end = NULL;
+    errno = 0;
+    const unsigned long long n = strtoull(v, &end, 10);
+    if (errno || end == v) return 0;  /* libgomp ignores what it cannot read */
+    while (*end == ' ' || *end == '\t') ++end;
+    unsigned long long unit = 1024;
+    if (!kib_only) {
+        switch (*end) {
+            case 'b': case 'B': unit = 1; break;
+            case 'k': case 'K': break;
+            case 'm': case 'M': unit = 1ull << 20; break;
+            case 'g': case 'G': unit = 1ull << 30; break;
+            default: break;
+        }
+    }
+    return n > SIZE_MAX / unit ? SIZE_MAX : (size_t)(n * unit);
+}
+
 static int startable_team(int n) {
     if (n <= team_probed) return n;
     const int more = n - team_probed;
     pthread_t *tids = (pthread_t *)malloc(sizeof(pthread_t) * (size_t)more);
     int started = 0;
-    if (tids) {  /* default attributes, as libgomp's threads have unless OMP_STACKSIZE is set */
-        while (started < more && pthread_create(&tids[started], NULL, probe_thread, NULL) == 0)
+    pthread_attr_t attr;  /* the stacks libgomp's threads will have */
+    const int with_attr = pthread_attr_init(&attr) == 0;
+    const size_t stack = omp_stack_size();
+    if (with_attr && stack && pthread_attr_setstacksize(&attr, stack) != 0) {
+        free(tids);  /* a size libgomp cannot give its threads either: one thread */
+        pthread_attr_destroy(&attr);
+        return team_probed;
+    }
+    if (tids && with_attr) {
+        while (started < more && pthread_create(&tids[started], &attr, probe_thread, NULL) == 0)
             ++started;
         for (int i = 0; i < started; ++i) pthread_join(tids[i], NULL);
-        free(tids);
     }
+    free(tids);
+    if (with_attr) pthread_attr_destroy(&attr);
     team_probed += started;
     return team_probed;
 }

@@ -902,6 +902,19 @@ static void contract(void) {
     EXPECT(roicore_batch_from_column(wrong_column, ROICORE_FLOAT32, 5, 2, 2, 0, "rois[:, 0]", out_batch, &err), ROICORE_ERR_VALUE);
     CHECK(strcmp(err.message, "rois[:, 0][1] = 3 is out of range for a feature map with N=2 images "
                               "(expected 0 <= index < 2)") == 0, "%s", err.message);
+    /* channel counts whose product overflows int64 are said so, not wrapped (UBSan) */
+    {
+        roicore_tensor big_c = tx;
+        big_c.c = 3;
+        roicore_out_tensor many_c = to;  /* never written: the call fails first */
+        many_c.data = (void *)(uintptr_t)4096;  /* 4 GiB from there: clear of the heap's x */
+        many_c.c = (int64_t)1 << 30;
+        many_c.h = many_c.w = 1;
+        EXPECT(roicore_ps_roi_pool_forward(&MXNET_PSROI, &big_c, &b, 1.0, 1 << 20, 1 << 20, &many_c,
+                                           &one_thread, &err), ROICORE_ERR_ARGUMENT);
+        CHECK(strstr(err.message, "output_channels * 1048576 * 1048576 = more than 2**63") != NULL,
+              "%s", err.message);
+    }
     /* runtime settings refuse negative limits */
     const int64_t limit = roicore_get_memory_limit();
     CHECK(roicore_set_memory_limit(-5) == ROICORE_ERR_ARGUMENT && roicore_get_memory_limit() == limit,
@@ -960,6 +973,50 @@ static void scratch_keeping(void) {
           "results out of kept scratch differ from results out of fresh scratch");
     for (int r = 0; r < 3; ++r) free(out[r].data);
     free(x.data); free(c.data);
+}
+
+/* Zero-size calls with NULL data (no elements, so no array is needed): every operator
+ * returns OK without touching memory (memset(NULL, 0, 0) was undefined behaviour). */
+static void zero_sizes(void) {
+    roicore_error err;
+    const int64_t batch[1] = {0};
+    static const float coords[4] = {0, 0, 2, 2};
+    for (int layout = 0; layout < 2; ++layout) {
+        const roicore_layout L = layout ? ROICORE_NHWC : ROICORE_NCHW;
+        /* no channels: x (1, 0, 4, 4) with one box; no boxes: (1, 4, 4, 4) with none */
+        for (int no_boxes = 0; no_boxes < 2; ++no_boxes) {
+            const int64_t C = no_boxes ? 4 : 0, K = no_boxes ? 0 : 1;
+            float x_data[64] = {0};
+            roicore_tensor x = IN(C ? x_data : NULL, ROICORE_FLOAT32, L, 1, C, 4, 4);
+            roicore_tensor g = IN(NULL, ROICORE_FLOAT32, L, K, C, 2, 2);
+            roicore_out_tensor y = OUT(NULL, ROICORE_FLOAT32, L, K, C, 2, 2);
+            float dx_data[64];
+            roicore_out_tensor dx = OUT(C ? dx_data : NULL, ROICORE_FLOAT32, L, 1, C, 4, 4);
+            roicore_boxes b = {.coords = K ? coords : NULL, .batch = K ? batch : NULL, .k = K};
+            roicore_tensor gp = IN(NULL, ROICORE_FLOAT32, L, K, C / 4, 2, 2);
+            roicore_out_tensor yp = OUT(NULL, ROICORE_FLOAT32, L, K, C / 4, 2, 2);
+            const roicore_status got[] = {
+                roicore_roi_pool_max_forward(&MXNET_MAX, &x, &b, 1.0, &y, NULL, ROICORE_INT32, NULL, &err),
+                roicore_roi_pool_max_backward(&MXNET_MAX, &g, NULL, ROICORE_INT32, &b, &dx, NULL, &err),
+                roicore_roi_pool_bilinear_forward(&TF_BILINEAR, &x, &b, 0.0, &y, NULL, &err),
+                roicore_roi_pool_bilinear_backward(&TF_BILINEAR, &g, &b, &dx, NULL, &err),
+                roicore_roi_align_forward(&MXNET_ALIGN, &x, &b, 1.0, 2, 0, &y, NULL, &err),
+                roicore_roi_align_backward(&MXNET_ALIGN, &g, &b, 1.0, 2, 0, &dx, NULL, &err),
+                roicore_ps_roi_pool_forward(&MXNET_PSROI, &x, &b, 1.0, 2, 2, &yp, NULL, &err),
+                roicore_ps_roi_pool_backward(&MXNET_PSROI, &gp, &b, 1.0, 2, 2, &dx, NULL, &err),
+                roicore_ps_roi_align_forward(&TORCHVISION_PS_ALIGN, &x, &b, 1.0, 2, &yp, NULL, &err),
+                roicore_ps_roi_align_backward(&TORCHVISION_PS_ALIGN, &gp, &b, 1.0, 2, &dx, NULL, &err),
+            };
+            for (size_t i = 0; i < sizeof got / sizeof got[0]; ++i)
+                CHECK(got[i] == ROICORE_OK, "zero-size call %zu (layout %d, %s): %d %s", i, layout,
+                      no_boxes ? "no boxes" : "no channels", got[i], err.message);
+            if (C) {  /* no boxes: the gradient is zeroed */
+                int zero = 1;
+                for (int i = 0; i < 64; ++i) zero &= dx_data[i] == 0;
+                CHECK(zero, "a backward without boxes left a nonzero gradient");
+            }
+        }
+    }
 }
 
 /* ------------------------------------------------------------------------ the runtime */
@@ -1083,6 +1140,7 @@ int main(void) {
     bad_input();
     contract();
     scratch_keeping();
+    zero_sizes();
     allocation_limits();
     runtime_sharing();
     ctrl_c();

@@ -147,6 +147,31 @@ def test_outputs_past_int64_bytes_are_refused_without_a_limit(op, kw):
         rc.set_memory_limit(previous)
 
 
+@pytest.mark.parametrize("what", ["x", "boxes", "batch_indices"])
+def test_the_memory_limit_bounds_input_copies(what):
+    """A broadcast input holds little memory but stands for much: its contiguous copy (x in
+    the computed dtype, boxes in x's, indices as int64) is checked against the limit
+    before it is made.  It grew the process by 256 MB to 1.2 GB before the MemoryError."""
+    previous = rc.get_memory_limit()
+    x = np.zeros((1, 8, 16, 16), np.float32)
+    boxes, indices = np.float32([[0, 0, 4, 4]]), np.zeros(1, np.int64)
+    if what == "x":
+        x = np.broadcast_to(np.float16(0), (64, 256, 128, 128))   # 512 MiB as float32
+    elif what == "boxes":
+        boxes = np.broadcast_to(np.float64([0, 0, 4, 4]), (2**24, 4))  # 256 MiB as float32
+        indices = np.zeros(2**24, np.int64)
+    else:
+        boxes = np.broadcast_to(np.float32([0, 0, 4, 4]), (2**25, 4))
+        indices = np.broadcast_to(np.int8(0), (2**25,))                # 256 MiB as int64
+    try:
+        rc.set_memory_limit(64 << 20)
+        with pytest.raises(MemoryError, match=rf"the contiguous \w+ copy of {what}, shape .* "
+                                              r"over roicore's memory limit"):
+            rc.roi_align(x, boxes, 2, batch_indices=indices)
+    finally:
+        rc.set_memory_limit(previous)
+
+
 def test_set_memory_limit_validates():
     with pytest.raises(TypeError, match="nbytes must be an int"):
         rc.set_memory_limit(1.5)
@@ -276,6 +301,24 @@ def test_a_thread_limit_lowers_the_team_instead_of_exiting():
     """, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True True"
+
+
+@needs_openmp
+@pytest.mark.parametrize("variable, value", [("OMP_STACKSIZE", "100G"),
+                                             ("OMP_STACKSIZE", " 100 g"),
+                                             ("GOMP_STACKSIZE", str(100 << 20))])
+def test_an_unstartable_stack_size_lowers_the_team_instead_of_exiting(variable, value):
+    """The startable-team probe started its threads with default stacks, libgomp then
+    with OMP_STACKSIZE's, and exited the process when it could not (a stack larger than
+    memory and swap)."""
+    proc = run_python("""
+        import numpy as np, roicore.core as rc
+        x = np.ones((1, 64, 32, 32), np.float32); b = np.float32([[0, 0, 0, 31, 31]] * 64)
+        y = rc.roi_align(x, b, 7, 1.0, 2, n_threads=2)
+        print(np.array_equal(y, rc.roi_align(x, b, 7, 1.0, 2, n_threads=1)))
+    """, timeout=120, env={**os.environ, variable: value})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "True"
 
 
 # ---------------------------------------------------------------------------------------

@@ -161,3 +161,41 @@ def test_sampling_grid_limits():
         _backward("ps_roi_align", out, boxes, batch, np.zeros_like(x))
     _forward("ps_roi_align", x, boxes, batch, out, sampling_ratio=2)  # a fixed grid is fine
     assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_the_binding_checks_the_arrays_it_describes(op):
+    """The binding took the box count from ``batch`` and the dtype from the item size: boxes
+    with fewer rows than batch indices were read past their end, and an int32 map was read
+    as float32."""
+    x, boxes, batch = _inputs()
+    out = np.zeros((K, C // (P * P), P, P), np.float32)
+    bad = [
+        (dict(boxes=boxes[:1]), ValueError, r"coords must be \(2, 4\) in the map's dtype, got "
+                                            r"float32 of shape \(1, 4\)"),
+        (dict(boxes=boxes.astype(np.float64)), ValueError, "coords must be"),
+        (dict(batch=batch.astype(np.int32)), TypeError, "batch must be a 1-D int64 array"),
+        (dict(x=x.view(np.int32)), TypeError, "x must be a native float32 or float64 array, "
+                                              "got int32"),
+        (dict(x=x.astype(">f4")), TypeError, "x must be a native float32 or float64"),
+        (dict(x=x[0]), ValueError, r"x must be a 4-D array, got shape \(8, 6, 7\)"),
+        (dict(out=out.view(np.int32)), TypeError, "out must be a native float32"),
+    ]
+    for changed, error, message in bad:
+        args = dict(x=x, boxes=boxes, batch=batch, out=out)
+        args.update(changed)
+        with pytest.raises(error, match=message):
+            _forward(op, args["x"], args["boxes"], args["batch"], args["out"])
+
+
+def test_the_binding_checks_argmax_arrays():
+    from roicore.core.conventions import MAX_POOL
+    x, boxes, batch = _inputs()
+    out = np.zeros((K, C, 2, 2), np.float32)
+    with pytest.raises(ValueError, match=r"argmax must be int32 or int64 of shape \(2, 8, 2, 2\), "
+                                         r"got int32 of shape \(1, 8, 2, 2\)"):
+        _binding.roi_pool_max_forward(MAX_POOL["mxnet"], x, boxes, batch, 1.0, out,
+                                      np.zeros((1, C, 2, 2), np.int32), 1)
+    with pytest.raises(ValueError, match="argmax must be int32 or int64"):
+        _binding.roi_pool_max_backward(MAX_POOL["mxnet"], out, np.zeros(out.shape, np.float32),
+                                       batch, np.zeros(x.shape, np.float32), 1)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import functools
 import mmap
 import os
+import subprocess
+import sys
+import textwrap
 import threading
 
 import numpy as np
@@ -151,16 +154,25 @@ def test_limit_and_environment_are_validated(monkeypatch):
         rc.set_output_cache_limit("1GB")
     with pytest.raises(ValueError, match="nbytes must be >= 0, got -1"):
         rc.set_output_cache_limit(-1)
-    monkeypatch.setenv("ROICORE_OUTPUT_CACHE_MB", "lots")
-    with pytest.raises(ValueError, match="ROICORE_OUTPUT_CACHE_MB must be a number of MB, got 'lots'"):
-        _memory._default_limit()
-    monkeypatch.setenv("ROICORE_OUTPUT_CACHE_MB", "-5")
-    with pytest.raises(ValueError, match="ROICORE_OUTPUT_CACHE_MB must be >= 0"):
-        _memory._default_limit()
+    monkeypatch.delenv("ROICORE_OUTPUT_CACHE_MB", raising=False)
+    default = _memory._default_limit()
+    assert 0 < default <= 2 << 30
+    # a bad value is ignored with a warning: "inf" made import roicore.core fail
+    for bad in ("lots", "-5", "inf", "nan"):
+        monkeypatch.setenv("ROICORE_OUTPUT_CACHE_MB", bad)
+        with pytest.warns(RuntimeWarning, match=f"ROICORE_OUTPUT_CACHE_MB must be a finite "
+                                                f"number of MB >= 0, got '{bad}'; using the "
+                                                f"default"):
+            assert _memory._default_limit() == default
     monkeypatch.setenv("ROICORE_OUTPUT_CACHE_MB", "1.5")
     assert _memory._default_limit() == int(1.5 * MB)
-    monkeypatch.delenv("ROICORE_OUTPUT_CACHE_MB")
-    assert 0 < _memory._default_limit() <= 2 << 30
+    out = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c",
+                          "import roicore.core"], capture_output=True, text=True,
+                         env={**os.environ, "ROICORE_OUTPUT_CACHE_MB": "inf"})
+    assert "ROICORE_OUTPUT_CACHE_MB must be a finite number" in out.stderr
+    out = subprocess.run([sys.executable, "-c", "import roicore.core"], capture_output=True,
+                         text=True, env={**os.environ, "ROICORE_OUTPUT_CACHE_MB": "inf"})
+    assert out.returncode == 0, out.stderr
 
 
 def test_threads_never_share_a_live_block():
@@ -294,3 +306,31 @@ def test_large_outputs_are_advised_for_huge_pages(rois, advised):
         del out
     finally:
         room.close()
+
+
+def test_a_child_forked_while_the_cache_is_locked_allocates():
+    """A thread holding the cache's lock when another forks left the child waiting forever
+    on its first output of 32 MiB or more (17 of 30 children)."""
+    code = textwrap.dedent("""
+        import os, threading, time
+        import numpy as np
+        import roicore.core as rc
+        from roicore.core import _memory
+        held = threading.Event()
+        def hold():
+            with _memory._CACHE._lock:
+                held.set()
+                time.sleep(2)
+        threading.Thread(target=hold).start()
+        held.wait()
+        pid = os.fork()
+        if pid == 0:
+            y = rc.roi_align(np.ones((1, 512, 64, 64), np.float32),
+                             np.float32([[0, 0, 0, 8, 8]] * 512), 7, n_threads=1)
+            os._exit(0 if y.nbytes >= 32 << 20 else 3)
+        _, status = os.waitpid(pid, 0)
+        print(os.waitstatus_to_exitcode(status))
+        """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == "0", out.stderr
