@@ -11,10 +11,27 @@ rounded once to the input's dtype (torchvision computes Half in Half arithmetic,
 results can differ from its own in the last bits).
 
 Boxes are a ``Tensor[K, 5]`` of ``[batch_index, x1, y1, x2, y2]`` rows or a list of
-``Tensor[L, 4]`` (one per image), in ``input``'s dtype.  Differences from torchvision, all
-about inputs it does not define: bad box shapes raise ValueError or TypeError (torchvision
-asserts); a batch index that is not an integer in ``[0, N)`` and a coordinate that is not
-finite raise ValueError (torchvision truncates the index and reads out of bounds).
+``Tensor[L, 4]`` (one per image), in ``input``'s dtype.  Boxes of the wrong shape raise
+:class:`BoxesShapeError`, both a ValueError and the AssertionError torchvision raises.
+
+As in torchvision: the pool modules trace with ``torch.fx``; under ``torch.autocast`` on
+the CPU, ``roi_align`` computes float16, bfloat16 and float32 operands in float32 and
+returns ``input``'s dtype (the other ops are not autocast, there as here); ``roi_align``
+takes a quantized ``input`` (quint8, qint8, qint32, one image, quantized boxes) and returns
+it quantized with ``input``'s scale and zero point.
+
+Differences from torchvision, all but the last about inputs it does not define:
+
+- A batch index that is not an integer in ``[0, N)`` and a coordinate that is not finite
+  raise ValueError (torchvision truncates the index and reads out of bounds).
+- Boxes in another dtype than ``input`` raise TypeError (torchvision: RuntimeError).
+- float16 and bfloat16 are computed in float32 (see above), and ``roi_pool``,
+  ``ps_roi_pool`` and ``ps_roi_align`` take bfloat16 on the CPU, where torchvision has no
+  kernel for it.
+- Quantized ``roi_align`` averages each bin's samples before it takes off the zero point;
+  torchvision takes it off the sum, then averages.  The two agree when the sample grid
+  (``sampling_ratio`` squared, or the adaptive grid) has a power-of-two count, and
+  otherwise can differ by one quantization step, in about one output in a thousand.
 
 Operators.  Each op is registered with ``torch.library.custom_op`` as ``roicore::<name>``
 (with ``roicore::<name>_backward``), CPU kernels over roicore.core, a fake (meta)
@@ -50,7 +67,7 @@ torch = require("torch", "torch")
 from torch import Tensor, nn  # noqa: E402
 
 __all__ = ["roi_pool", "roi_align", "ps_roi_pool", "ps_roi_align",
-           "RoIPool", "RoIAlign", "PSRoIPool", "PSRoIAlign"]
+           "RoIPool", "RoIAlign", "PSRoIPool", "PSRoIAlign", "BoxesShapeError"]
 
 CONVENTION = "torchvision"
 # torchvision's names of roicore.core's arguments, for messages
@@ -310,7 +327,79 @@ def _ps_roi_align_gradient(ctx, grad):
 _ps_roi_align.register_autograd(_ps_roi_align_gradient, setup_context=_ps_roi_align_context)
 
 
+# --------------------------------------------------------------------------- autocast, quantized
+
+def _autocasting(input) -> bool:
+    return (isinstance(input, Tensor) and input.device.type in ("cpu", "cuda")
+            and torch.is_autocast_enabled(input.device.type))
+
+
+def _autocast_float(t):
+    """float32 for what autocast casts (half, bfloat16 and float32 tensors), else ``t``."""
+    if isinstance(t, Tensor) and t.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        return t.float()
+    return t
+
+
+def _autocast_boxes(boxes):
+    if isinstance(boxes, (list, tuple)):
+        return [_autocast_float(b) for b in boxes]
+    return _autocast_float(boxes)
+
+
+def _quantized_roi_align(input, boxes, output_size, spatial_scale, sampling_ratio, aligned,
+                         n_threads):
+    """roi_align of a quantized map with torchvision's qroi_align arithmetic: one image only
+    (a quantized batch column cannot hold every index, so it is ignored), the boxes
+    dequantized, each bin's samples summed over the raw integers and over the weights, the
+    zero point and scale applied to those sums, and the result quantized with the map's
+    scale and zero point.  No gradient: quantized tensors have none."""
+    op = "roi_align"
+    quantized = (all(isinstance(b, Tensor) and b.is_quantized for b in boxes)
+                 if isinstance(boxes, (list, tuple)) else
+                 isinstance(boxes, Tensor) and boxes.is_quantized)
+    if not quantized:
+        raise ValueError("If input is quantized, rois must also be quantized.")
+    if input.dim() != 4:
+        raise ValueError(f"{op}: input must be a 4-D Tensor[N, C, H, W], got shape "
+                         f"{tuple(input.shape)}")
+    rois = boxes
+    if isinstance(rois, (list, tuple)):
+        rois = _rois([b.dequantize() for b in rois], input.dequantize(), op)
+    else:
+        if rois.dim() != 2 or rois.shape[1] != 5:
+            raise BoxesShapeError(f"{op}: rois must have shape as Tensor[K, 5], got "
+                                  f"{tuple(rois.shape)}")
+        rois = rois.dequantize()
+    if input.shape[0] != 1:
+        raise RuntimeError("Only one image per batch is allowed in roi_align when quantized "
+                           "tensors are passed.")
+    if input.qscheme() != torch.per_tensor_affine:
+        raise RuntimeError(f"{op}: quantized input must be quantized per tensor, got "
+                           f"{input.qscheme()}")
+    rois[:, 0] = 0
+    # The means of the raw integers and of the bilinear weights (a map of ones), from the
+    # float kernel; torchvision takes the zero point off these sums before the mean.
+    raw = roi_align(input.int_repr().float(), rois, output_size, spatial_scale,
+                    sampling_ratio, aligned, n_threads=n_threads)
+    ones = input.new_ones((1, 1) + tuple(input.shape[2:]), dtype=torch.float32)
+    weights = roi_align(ones, rois, output_size, spatial_scale, sampling_ratio, aligned,
+                        n_threads=n_threads)
+    scale = torch.tensor(input.q_scale(), dtype=torch.float32)
+    zero_point = input.q_zero_point()
+    y = scale * (raw - float(zero_point) * weights)
+    integers = input.int_repr().dtype
+    info = torch.iinfo(integers)
+    q = (torch.round(y * (1 / scale)).long() + zero_point).clamp(info.min, info.max)
+    return torch._make_per_tensor_quantized_tensor(q.to(integers), input.q_scale(),
+                                                   zero_point)
+
+
 # --------------------------------------------------------------------------- arguments
+
+class BoxesShapeError(ValueError, AssertionError):
+    """Boxes of the wrong shape: a ValueError, as roicore reports bad input, and an
+    AssertionError, which torchvision raises for them (``check_roi_boxes_shape``)."""
 
 def _check_input(input, op: str):
     if not isinstance(input, Tensor):
@@ -332,8 +421,8 @@ def _rois(boxes, input: Tensor, op: str) -> Tensor:
         for i, b in enumerate(boxes):
             if not isinstance(b, Tensor) or b.dim() != 2 or b.shape[1] != 4:
                 what = tuple(b.shape) if isinstance(b, Tensor) else type(b).__name__
-                raise ValueError(f"{op}: boxes[{i}] must be a Tensor[L, 4] of [x1, y1, x2, y2] "
-                                 f"rows for image {i}, got {what}")
+                raise BoxesShapeError(f"{op}: boxes[{i}] must be a Tensor[L, 4] of [x1, y1, x2, "
+                                      f"y2] rows for image {i}, got {what}")
         if not boxes:
             raise ValueError(f"{op}: boxes is an empty list; pass one Tensor[L, 4] per image")
         if isinstance(input, Tensor) and len(boxes) > input.shape[0]:
@@ -351,8 +440,9 @@ def _rois(boxes, input: Tensor, op: str) -> Tensor:
         return torch.cat([torch.cat(ids), torch.cat([b.to(dtype) for b in boxes])], dim=1)
     elif isinstance(boxes, Tensor):
         if boxes.dim() != 2 or boxes.shape[1] != 5:
-            raise ValueError(f"{op}: boxes must be a Tensor[K, 5] of [batch_index, x1, y1, x2, "
-                             f"y2] rows or a list of Tensor[L, 4], got shape {tuple(boxes.shape)}")
+            raise BoxesShapeError(f"{op}: boxes must be a Tensor[K, 5] of [batch_index, x1, y1, "
+                                  f"x2, y2] rows or a list of Tensor[L, 4], got shape "
+                                  f"{tuple(boxes.shape)}")
         rois = boxes
     else:
         raise TypeError(f"{op}: boxes must be a Tensor[K, 5] or a list of Tensor[L, 4], got "
@@ -444,6 +534,16 @@ def roi_align(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size,
         Tensor[K, C, output_size[0], output_size[1]]
     """
     op = "roi_align"
+    if isinstance(input, Tensor) and input.is_quantized:
+        return _quantized_roi_align(input, boxes, output_size, spatial_scale, sampling_ratio,
+                                    aligned, n_threads)
+    if _autocasting(input):
+        # torchvision's autocast rule for roi_align: both in float32, the result in input's
+        # dtype (float64 stays float64)
+        with torch.autocast(input.device.type, enabled=False):
+            return roi_align(_autocast_float(input), _autocast_boxes(boxes), output_size,
+                             spatial_scale, sampling_ratio, aligned,
+                             n_threads=n_threads).to(input.dtype)
     x, rois, (ph, pw), scale = _prepare(input, boxes, output_size, spatial_scale, op)
     y = _roi_align(x, rois, scale, ph, pw, sampling_ratio, aligned, n_threads)
     return _on(y, input.device)
@@ -490,17 +590,15 @@ def ps_roi_align(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size,
 # --------------------------------------------------------------------------- modules
 
 class _PoolModule(nn.Module):
-    """RoIPool and PSRoIPool: the module keeps the function's arguments."""
+    """RoIPool and PSRoIPool: the module keeps the function's arguments.  Each forward
+    calls its function by its module-level name, which torch.fx.wrap patches while fx
+    traces (a reference kept on the class would bypass the patch)."""
 
     def __init__(self, output_size, spatial_scale: float, *, n_threads: Optional[int] = None):
         super().__init__()
         self.output_size = output_size
         self.spatial_scale = spatial_scale
         self.n_threads = n_threads
-
-    def forward(self, input: Tensor, rois: Union[Tensor, List[Tensor]]) -> Tensor:
-        return self._function(input, rois, self.output_size, self.spatial_scale,
-                              n_threads=self.n_threads)
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(output_size={self.output_size}, "
@@ -510,13 +608,17 @@ class _PoolModule(nn.Module):
 class RoIPool(_PoolModule):
     """See :func:`roi_pool`."""
 
-    _function = staticmethod(roi_pool)
+    def forward(self, input: Tensor, rois: Union[Tensor, List[Tensor]]) -> Tensor:
+        return roi_pool(input, rois, self.output_size, self.spatial_scale,
+                        n_threads=self.n_threads)
 
 
 class PSRoIPool(_PoolModule):
     """See :func:`ps_roi_pool`."""
 
-    _function = staticmethod(ps_roi_pool)
+    def forward(self, input: Tensor, rois: Union[Tensor, List[Tensor]]) -> Tensor:
+        return ps_roi_pool(input, rois, self.output_size, self.spatial_scale,
+                           n_threads=self.n_threads)
 
 
 class RoIAlign(nn.Module):

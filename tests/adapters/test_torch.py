@@ -698,3 +698,138 @@ def test_ddp_gradients_match_a_single_process(op, tmp_path):
     torch.nn.functional.cross_entropy(model(img, [p[1][0] for p in parts]), labels).backward()
     for name, p in model.named_parameters():
         torch.testing.assert_close(torch.from_numpy(ranks[0][name]), p.grad, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- drop-in details
+
+@pytest.mark.parametrize("op", OPS)
+def test_modules_and_functions_trace_with_fx(op):
+    """torch.fx.symbolic_trace keeps each op as one call (torchvision wraps them with
+    torch.fx.wrap), for the module and for the function called in a model's forward."""
+    x, rois, args = large_case(op, torch.float32, 0)
+
+    class Calls(torch.nn.Module):
+        def forward(self, x, rois):
+            return getattr(rt, op)(x, rois, *args)
+
+    for model in (getattr(rt, MODULES[op])(*args), Calls()):
+        traced = torch.fx.symbolic_trace(model)
+        calls = [n.target for n in traced.graph.nodes if n.op == "call_function"]
+        assert calls == [getattr(rt, op)], traced.graph
+        assert_same(traced(x, rois), getattr(native, op)(x, rois, *args), f"traced {op}")
+
+
+AUTOCAST_PAIRS = [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16),
+                  (torch.float16, torch.float32), (torch.float32, torch.float16),
+                  (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32)]
+
+
+@pytest.mark.parametrize("autocast_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtypes", AUTOCAST_PAIRS, ids=str)
+def test_roi_align_under_cpu_autocast_is_torchvisions(dtypes, autocast_dtype):
+    """Under CPU autocast torchvision computes roi_align in float32 and returns input's
+    dtype, whatever the boxes' dtype."""
+    x, rois, args = large_case("roi_align", torch.float32, 1)
+    x, rois = x.to(dtypes[0]), rois.to(dtypes[1])
+    with torch.autocast("cpu", dtype=autocast_dtype):
+        want = native.roi_align(x, rois, *args)
+        got = rt.roi_align(x, rois, *args)
+        got_list = rt.roi_align(x, as_list(rois, 2)[0], *args)
+    assert_same(got, want, "roi_align under autocast")
+    assert_same(got_list, native.roi_align(x.float(), as_list(rois.float(), 2)[1], *args)
+                .to(x.dtype), "roi_align with a list of boxes under autocast")
+
+
+def test_autocast_gradient_flows_in_the_inputs_dtype():
+    x, rois, args = large_case("roi_align", torch.float32, 1)
+    x = x.to(torch.bfloat16)
+    mine, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y_mine, y_theirs = rt.roi_align(mine, rois, *args), native.roi_align(theirs, rois, *args)
+    y_mine.float().square().sum().backward()
+    y_theirs.float().square().sum().backward()
+    assert mine.grad.dtype == torch.bfloat16
+    assert_same(mine.grad, theirs.grad, "gradient under autocast")
+
+
+@pytest.mark.parametrize("op", ["roi_pool", "ps_roi_pool", "ps_roi_align"])
+def test_the_other_ops_are_not_autocast(op):
+    """torchvision registers a CPU autocast rule for roi_align only; mixed dtypes stay an
+    error for the others, as there (a TypeError here, torchvision's kernel a RuntimeError)."""
+    x, rois, args = large_case(op, torch.float32, 0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError):
+            getattr(native, op)(x.bfloat16(), rois, *args)
+        with pytest.raises(TypeError, match="boxes must have input's dtype"):
+            getattr(rt, op)(x.bfloat16(), rois, *args)
+        assert_same(getattr(rt, op)(x, rois, *args), getattr(native, op)(x, rois, *args), op)
+
+
+QTYPES = [torch.quint8, torch.qint8, torch.qint32]
+
+
+def quantized_case(qtype, seed):
+    """One image, quantized with a random scale and zero point, and quantized boxes of
+    every kind (zero-size and reversed too)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(1, 3, 12, 14, generator=g) * 40 - (0 if qtype == torch.quint8 else 20)
+    scale = float(torch.rand(1, generator=g)) * 2 + 0.05
+    zero_point = 0 if qtype == torch.qint32 else int(torch.randint(0, 12, (1,), generator=g))
+    boxes = torch.rand(24, 4, generator=g) * 16 - 1
+    boxes[::5, 2:] = boxes[::5, :2]
+    rois = torch.cat([torch.zeros(24, 1), boxes], 1)
+    return (torch.quantize_per_tensor(x, scale, zero_point, qtype),
+            torch.quantize_per_tensor(rois, 0.0625, 0 if qtype == torch.qint32 else 1, qtype))
+
+
+@pytest.mark.parametrize("qtype", QTYPES, ids=str)
+def test_quantized_roi_align_is_torchvisions(qtype):
+    """Bit-exact wherever the bin's sample count is a power of two; otherwise within one
+    quantization step (see the module docstring), in few outputs."""
+    exact = steps = total = 0
+    for seed in range(6):
+        qx, qrois = quantized_case(qtype, seed)
+        for sampling_ratio in (1, 2, 4, 3, -1):
+            # aligned with an adaptive grid: torchvision throws on the reversed boxes
+            for aligned in (False, True) if sampling_ratio > 0 else (False,):
+                args = ((3, 4), 0.75, sampling_ratio, aligned)
+                want, got = native.roi_align(qx, qrois, *args), rt.roi_align(qx, qrois, *args)
+                assert got.dtype == qtype and got.shape == want.shape
+                assert (got.q_scale(), got.q_zero_point()) == (want.q_scale(), want.q_zero_point())
+                diff = (got.int_repr().long() - want.int_repr().long()).abs()
+                if sampling_ratio in (1, 2, 4):
+                    exact += int((diff != 0).sum())
+                assert int(diff.max()) <= 1, (sampling_ratio, aligned)
+                steps += int(diff.sum())
+                total += diff.numel()
+    assert exact == 0 and steps < total / 500, (exact, steps, total)
+    boxes = [qrois[:, 1:]]
+    assert torch.equal(rt.roi_align(qx, boxes, 3, 0.5, 2).int_repr(),
+                       native.roi_align(qx, qrois, 3, 0.5, 2).int_repr())
+
+
+def test_quantized_roi_align_errors_are_torchvisions():
+    qx, qrois = quantized_case(torch.quint8, 0)
+    two = torch.cat([qx.dequantize()] * 2)
+    q_two = torch.quantize_per_tensor(two, qx.q_scale(), qx.q_zero_point(), torch.quint8)
+    for fn in (native.roi_align, rt.roi_align):
+        with pytest.raises(RuntimeError, match="Only one image per batch is allowed"):
+            fn(q_two, qrois, 2)
+        with pytest.raises(ValueError, match="If input is quantized, rois must also be "
+                                             "quantized"):
+            fn(qx, qrois.dequantize(), 2)
+    with pytest.raises(TypeError):      # torchvision has no quantized roi_pool either
+        rt.roi_pool(qx, qrois, 2)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_boxes_of_the_wrong_shape_are_an_assertion_error_too(op):
+    """torchvision asserts the boxes' shape; roicore's error is both kinds."""
+    x = torch.randn(2, 8, 6, 6)
+    box = torch.tensor([[0, 0, 4, 4.0]])
+    for boxes in (box, [box, torch.cat([torch.zeros(1, 1), box], 1)]):
+        for fn in (getattr(native, op), getattr(rt, op)):
+            with pytest.raises(AssertionError):
+                fn(x, boxes, 2)
+        with pytest.raises(ValueError):
+            getattr(rt, op)(x, boxes, 2)
