@@ -85,9 +85,14 @@ _RULES = {"roi_pool": list(args.rules_codes(conventions.MAX_POOL[CONVENTION])),
 # The dygraph routing policy (see "Two ways to compute"): outputs of this many bytes or more
 # take the NumPy path, whose outputs come from roicore.core's output cache.
 LARGE_OUTPUT_BYTES = args.OUTPUT_CACHE_MIN_BYTES
-# dtype objects, compared directly: the names (str(t.dtype)) cost a string per check
-_FLOAT_DTYPES = (paddle.float32, paddle.float64)
-_COUNT_DTYPES = (paddle.int32, paddle.int64)
+# dtype objects, compared directly (the names, str(t.dtype), cost a string per check).
+# Variables of the old IR (paddle.pir_utils.OldIrGuard) carry VarType members, which do not
+# equal PIR's DataType members, so both are listed.
+_DTYPE_KINDS = (paddle.base.core.DataType, paddle.base.core.VarDesc.VarType)
+_FLOAT_DTYPES = (_DTYPE_KINDS[0].FLOAT32, _DTYPE_KINDS[0].FLOAT64,
+                 _DTYPE_KINDS[1].FP32, _DTYPE_KINDS[1].FP64)
+_COUNT_DTYPES = (_DTYPE_KINDS[0].INT32, _DTYPE_KINDS[0].INT64,
+                 _DTYPE_KINDS[1].INT32, _DTYPE_KINDS[1].INT64)
 _TENSOR_TYPES = (paddle.Tensor, paddle.pir.Value, paddle.static.Variable)
 
 

@@ -202,6 +202,47 @@ def test_legacy_program_desc():
     assert out.strip().splitlines()[-1] == "True", out
 
 
+def test_old_ir_guard_after_import():
+    """paddle.pir_utils.OldIrGuard, entered after the adapters were imported (as Paddle's
+    own legacy tests do): its variables carry the old IR's dtype objects, which the
+    adapters' checks must accept.  Outputs and gradients against Paddle's dygraph ops."""
+    out = _run_python("""
+        import numpy as np, paddle
+        from roicore.adapters import paddle as rp, paddle_legacy as rl
+        from paddle.vision import ops as native
+        rng = np.random.default_rng(0)
+        feed = {"x": rng.standard_normal((2, 8, 16, 16)).astype("float32"),
+                "b": np.array([[0, 0, 20, 26], [3, 5, 11, 9], [-4, 2, 30, 17]], "float32"),
+                "n": np.array([1, 2], "int32")}
+        with paddle.pir_utils.OldIrGuard():
+            paddle.enable_static()
+            main = paddle.static.Program()
+            with paddle.static.program_guard(main):
+                x = paddle.static.data("x", [None, 8, 16, 16], "float32")
+                x.stop_gradient = False
+                b = paddle.static.data("b", [None, 4], "float32")
+                n = paddle.static.data("n", [None], "int32")
+                assert type(x).__name__ == "Variable", type(x)
+                outs = [rp.roi_pool(x, b, n, 2, 0.5), rp.psroi_pool(x, b, n, 2, 0.5),
+                        rp.roi_align(x, b, n, 2, 0.5),
+                        rl.roi_align(x, b, 2, 2, 0.5, rois_num=n, aligned=True)]
+                grads = [paddle.static.gradients([y], [x])[0] for y in outs]
+            got = paddle.static.Executor(paddle.CPUPlace()).run(
+                main, feed=feed, fetch_list=outs + grads)
+            paddle.disable_static()
+        want = []
+        for op in (native.roi_pool, native.psroi_pool, native.roi_align, native.roi_align):
+            x, b, n = (paddle.to_tensor(feed[k]) for k in "xbn")
+            x.stop_gradient = False
+            y = op(x, b, n, 2, 0.5)
+            y.backward()
+            want.append((y.numpy(), x.grad.numpy()))
+        want = [w[0] for w in want] + [w[1] for w in want]
+        print([bool(np.array_equal(g, w)) for g, w in zip(got, want)])
+        """)
+    assert out.strip().splitlines()[-1] == str([True] * 8), out
+
+
 # ----------------------------------------------------------------------------- saved models
 
 def test_saved_model_in_a_fresh_process(tmp_path):
