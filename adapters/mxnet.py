@@ -34,11 +34,17 @@ Where a model puts it
   ``slice_axis`` (whose gradient MXNet computes into a fresh default-layout buffer): no
   input of the CustomOp, forward or backward, is in oneDNN layout.
 
-Masked RoIs
------------
-A RoI whose batch index is a negative integer is masked, as GluonCV's FPN marks padded
-proposals (``F.where(..., F.ones_like(rois) * -1)``): its output row is 0 and it adds
-nothing to the gradient, in all three operators.  MXNet's ROIPooling does the same;
+Batch indices and masked RoIs
+-----------------------------
+A fractional batch index is truncated toward zero, as MXNet does (its kernels read
+``static_cast<int>(rois[i, 0])``, and its own numeric gradient checks perturb that column
+too): 0.9 and -0.5 are image 0, 1.5 is image 1, -1.5 is -1.  ``roicore.core`` (any
+convention) and roicore's other adapters refuse it.  A non-finite batch index raises
+ValueError (MXNet's cast of it is undefined).
+
+A RoI whose batch index is negative (after truncation) is masked, as GluonCV's FPN marks
+padded proposals (``F.where(..., F.ones_like(rois) * -1)``): its output row is 0 and it
+adds nothing to the gradient, in all three operators.  MXNet's ROIPooling does the same;
 its ROIAlign leaves such a row unwritten and PSROIPooling reads out of bounds.  Any other
 batch index outside ``[0, N)`` raises ValueError.
 
@@ -449,14 +455,31 @@ _OPS = {
 }
 
 
+def _truncate_batch(rois):
+    """``rois`` with each fractional batch index truncated toward zero, as MXNet's kernels
+    read it (``static_cast<int>``): a copy where one is fractional, else ``rois`` itself.
+
+    MXNet's own gradient checks perturb every input, the batch column too.  Non-finite
+    indices stay as they are, for roicore.core to refuse (MXNet's cast of them is undefined).
+    """
+    if rois.ndim != 2 or not rois.shape[0] or rois.dtype.kind != "f":
+        return rois
+    column = rois[:, 0]
+    if not (np.isfinite(column) & (column != np.trunc(column))).any():
+        return rois
+    rois = rois.copy()
+    rois[:, 0] = np.trunc(column)
+    return rois
+
+
 def _forward(op, params, x, rois, out=None, argmax=True):
     """The op's outputs; masked rows give 0 (ROIPooling's argmax -1, as MXNet's maxidx)."""
-    return _OPS[op][0](params, x, rois, out=out, argmax=argmax)
+    return _OPS[op][0](params, x, _truncate_batch(rois), out=out, argmax=argmax)
 
 
 def _backward(op, params, dy, rois, x_shape, outputs, out=None):
     """The gradient with respect to data; masked rows add nothing."""
-    return _OPS[op][1](params, dy, rois, x_shape, outputs, out=out)
+    return _OPS[op][1](params, dy, _truncate_batch(rois), x_shape, outputs, out=out)
 
 
 # ------------------------------------------------------------------------------ imperative
@@ -502,8 +525,7 @@ class _Function(mx.autograd.Function):
 def _check_inputs(data, rois, op):
     mod = mx.nd.NDArray
     if not isinstance(data, mod) or not isinstance(rois, mod):
-        raise TypeError(f"{op} takes data and rois as both mx.nd.NDArray or both mx.sym.Symbol, "
-                        f"got {type(data).__name__} and {type(rois).__name__}")
+        raise _inputs_error(op, data, rois)
     _check_data_shape(data.shape)
     _check_rois_shape(rois.shape)
 
@@ -528,17 +550,56 @@ def _write_out(out, op, params, data, rois):
     return out
 
 
+class _GivenNames(mx.name.NameManager):
+    """Keeps a name given as it is (already resolved by ``outer``, prefix included) and
+    leaves automatic names to ``outer``."""
+
+    def __init__(self, outer):
+        super().__init__()
+        self._outer = outer
+
+    def get(self, name, hint):
+        return name if name else self._outer.get(name, hint)
+
+
+def _current_names():
+    """MXNet's current NameManager, as its generated operator functions read it."""
+    if not hasattr(mx.name.NameManager._current, "value"):
+        mx.name.NameManager._current.value = mx.name.NameManager()
+    return mx.name.NameManager._current.value
+
+
 def _symbol(op, data, rois, params, name):
-    """The op in a graph: ``Custom`` between layout-normalising native ops (module doc)."""
+    """The op in a graph: ``Custom`` between layout-normalising native ops (module doc).
+
+    Named as MXNet names its op: ``name``, else an automatic ``roipooling0``,
+    ``psroipooling0`` or ``roialign0`` (with the NameManager's prefix); the output is
+    ``<name>_output`` and an omitted input is a variable ``<name>_data`` / ``<name>_rois``."""
+    outer = _current_names()
+    name = outer.get(name, op.lower())
+    if data is None:
+        data = mx.sym.var(f"{name}_data")
+    if rois is None:
+        rois = mx.sym.var(f"{name}_rois")
     attrs = {k: repr(v) for k, v in params.items()}
-    data = mx.sym.reshape(data, shape=(-2,))
-    rois = mx.sym.reshape(rois, shape=(-2,))
-    sym = mx.sym.Custom(data, rois, op_type=f"roicore_{op}", name=name, **attrs)
-    return mx.sym.slice_axis(sym[0] if op == "ROIPooling" else sym, axis=0, begin=0, end=None)
+    with _GivenNames(outer):
+        data = mx.sym.reshape(data, shape=(-2,))
+        rois = mx.sym.reshape(rois, shape=(-2,))
+        sym = mx.sym.Custom(data, rois, op_type=f"roicore_{op}", name=f"{name}_roicore",
+                            **attrs)
+        return mx.sym.slice_axis(sym[0] if op == "ROIPooling" else sym, axis=0, begin=0,
+                                 end=None, name=name)
+
+
+def _inputs_error(op, data, rois):
+    return TypeError(f"{op} takes data and rois as both mx.nd.NDArray or as mx.sym.Symbol "
+                     f"(an omitted Symbol input becomes a variable, as in MXNet), got "
+                     f"{type(data).__name__} and {type(rois).__name__}")
 
 
 def _call(op, data, rois, params, out, name):
-    if isinstance(data, mx.sym.Symbol) or isinstance(rois, mx.sym.Symbol):
+    # MXNet's Symbol form makes a variable of an omitted input; its NDArray form needs both
+    if all(a is None or isinstance(a, mx.sym.Symbol) for a in (data, rois)):
         if out is not None:
             raise ValueError(f"{op}: out= applies to NDArray inputs only")
         return _symbol(op, data, rois, params, name)
@@ -568,10 +629,12 @@ def ROIPooling(data=None, rois=None, pooled_size=None, spatial_scale=None, out=N
     Parameters
     ----------
     data : NDArray or Symbol
-        The feature map, (N, C, H, W), float16, float32 or float64.
+        The feature map, (N, C, H, W), float16, float32 or float64.  Symbol form:
+        omitted, a variable ``<name>_data``.
     rois : NDArray or Symbol
-        (R, 5) rows ``[batch_index, x1, y1, x2, y2]`` in image coordinates.  A negative
-        integer batch index masks the row (output 0, no gradient).
+        (R, 5) rows ``[batch_index, x1, y1, x2, y2]`` in image coordinates.  The batch
+        index is truncated toward zero, as MXNet does; a negative one masks the row
+        (output 0, no gradient).  Symbol form: omitted, a variable ``<name>_rois``.
     pooled_size : tuple of (int, int) or int
         Output height and width, each >= 1.
     spatial_scale : float
@@ -581,7 +644,8 @@ def ROIPooling(data=None, rois=None, pooled_size=None, spatial_scale=None, out=N
         ``[output, maxidx]`` to also get MXNet's hidden argmax output (int32, the flat index
         into ``data``, -1 for an empty bin).  Not under ``mx.autograd.record()``.
     name : str, optional
-        Symbol input only: the name of the graph node.
+        Symbol form only: the name of the graph node, whose output is ``<name>_output``;
+        by default MXNet's automatic name (``roipooling0``, ``roipooling1``, ...).
     n_threads : int, optional
         roicore's OpenMP threads; None for ``OMP_NUM_THREADS``, else every CPU.
 
@@ -600,7 +664,8 @@ def ROIPooling(data=None, rois=None, pooled_size=None, spatial_scale=None, out=N
 
     Differences from MXNet
     ----------------------
-    A batch index >= N raises ValueError (MXNet writes 0); ``spatial_scale=0`` raises
+    A batch index >= N raises ValueError (MXNet writes 0), and so does a non-finite one
+    (MXNet's conversion of it to int is undefined); ``spatial_scale=0`` raises
     (MXNet collapses every box to pixel (0, 0)); ``rois`` of another float dtype than
     ``data`` are cast to it (MXNet raises); float16 is computed in float32.
     """
@@ -623,9 +688,11 @@ def PSROIPooling(data=None, rois=None, spatial_scale=None, output_dim=None, pool
     ----------
     data : NDArray or Symbol
         The score maps, (N, output_dim * G * G, H, W), float16, float32 or float64.
+        Symbol form: omitted, a variable ``<name>_data``.
     rois : NDArray or Symbol
-        (R, 5) rows ``[batch_index, x1, y1, x2, y2]`` in image coordinates.  A negative
-        integer batch index masks the row (output 0, no gradient).
+        (R, 5) rows ``[batch_index, x1, y1, x2, y2]`` in image coordinates.  The batch
+        index is truncated toward zero, as MXNet does; a negative one masks the row
+        (output 0, no gradient).  Symbol form: omitted, a variable ``<name>_rois``.
     spatial_scale : float
         Ratio of feature-map size to image size, in (0, 1].
     output_dim : int
@@ -639,7 +706,8 @@ def PSROIPooling(data=None, rois=None, spatial_scale=None, output_dim=None, pool
         NDArray input only: the array to write the output into.  Not under
         ``mx.autograd.record()``.
     name : str, optional
-        Symbol input only: the name of the graph node.
+        Symbol form only: the name of the graph node, whose output is ``<name>_output``;
+        by default MXNet's automatic name (``psroipooling0``, ``psroipooling1``, ...).
     n_threads : int, optional
         roicore's OpenMP threads; None for ``OMP_NUM_THREADS``, else every CPU.
 
@@ -659,10 +727,10 @@ def PSROIPooling(data=None, rois=None, spatial_scale=None, output_dim=None, pool
     Differences from MXNet
     ----------------------
     data must have exactly ``output_dim * G * G`` channels and every batch index must be
-    masked or in [0, N), else ValueError (MXNet reads out of bounds or ignores the extra
-    channels); masked rows give 0; ``spatial_scale=0`` raises (MXNet collapses every box
-    to a point); ``rois`` of another float dtype than ``data`` are cast to it (MXNet
-    raises); float16 is computed in float32.
+    finite and, after truncation, masked or in [0, N), else ValueError (MXNet reads out of
+    bounds or ignores the extra channels); masked rows give 0; ``spatial_scale=0`` raises
+    (MXNet collapses every box to a point); ``rois`` of another float dtype than ``data``
+    are cast to it (MXNet raises); float16 is computed in float32.
     """
     params = {"spatial_scale": _check_scale(spatial_scale),
               "output_dim": _check_int(output_dim, "output_dim", 1),
@@ -683,10 +751,12 @@ def ROIAlign(data=None, rois=None, pooled_size=None, spatial_scale=None, sample_
     Parameters
     ----------
     data : NDArray or Symbol
-        The feature map, (N, C, H, W), float16, float32 or float64.
+        The feature map, (N, C, H, W), float16, float32 or float64.  Symbol form:
+        omitted, a variable ``<name>_data``.
     rois : NDArray or Symbol
-        (R, 5) rows ``[batch_index, x1, y1, x2, y2]`` in image coordinates.  A negative
-        integer batch index masks the row (output 0, no gradient).
+        (R, 5) rows ``[batch_index, x1, y1, x2, y2]`` in image coordinates.  The batch
+        index is truncated toward zero, as MXNet does; a negative one masks the row
+        (output 0, no gradient).  Symbol form: omitted, a variable ``<name>_rois``.
     pooled_size : tuple of (int, int) or int
         Output height and width, each >= 1.
     spatial_scale : float
@@ -702,7 +772,8 @@ def ROIAlign(data=None, rois=None, pooled_size=None, spatial_scale=None, sample_
         NDArray input only: the array to write the output into.  Not under
         ``mx.autograd.record()``.
     name : str, optional
-        Symbol input only: the name of the graph node.
+        Symbol form only: the name of the graph node, whose output is ``<name>_output``;
+        by default MXNet's automatic name (``roialign0``, ``roialign1``, ...).
     n_threads : int, optional
         roicore's OpenMP threads; None for ``OMP_NUM_THREADS``, else every CPU.
 
@@ -722,11 +793,12 @@ def ROIAlign(data=None, rois=None, pooled_size=None, spatial_scale=None, sample_
     Differences from MXNet
     ----------------------
     Masked rows give 0 (MXNet leaves them unwritten and writes 0 into another RoI's first
-    element); a batch index >= N raises ValueError (MXNet reads out of bounds); with
-    ``aligned=True`` a box of size <= 0 gives 0 (MXNet aborts the process);
-    ``spatial_scale=0`` raises (MXNet collapses every box to a point); ``rois`` of another
-    float dtype than ``data`` are cast to it (MXNet raises); ``position_sensitive=True``
-    raises NotImplementedError; float16 is computed in float32.
+    element); a batch index >= N or non-finite raises ValueError (MXNet reads out of bounds,
+    or casts it to int with undefined behaviour); with ``aligned=True`` a box of size <= 0
+    gives 0 (MXNet aborts the process); ``spatial_scale=0`` raises (MXNet collapses every
+    box to a point); ``rois`` of another float dtype than ``data`` are cast to it (MXNet
+    raises); ``position_sensitive=True`` raises NotImplementedError; float16 is computed in
+    float32.
     """
     if position_sensitive:
         raise NotImplementedError("ROIAlign(position_sensitive=True) is not implemented: "

@@ -179,7 +179,8 @@ NATIVE = {"ROIPooling": lambda: mx.nd.ROIPooling,
 def _safe_for_native(case):
     """The MXNet-crashing inputs (see module docstring) must never reach the native op."""
     r, s = case["rois"], case["kw"]["spatial_scale"]
-    assert np.all(r[:, 0] >= 0) and np.all(r[:, 0] < case["x"].shape[0])
+    batch = np.trunc(r[:, 0])  # MXNet reads the batch index as static_cast<int>
+    assert np.all(batch >= 0) and np.all(batch < case["x"].shape[0])
     if case["op"] == "ROIAlign" and case["kw"]["aligned"]:
         assert np.all((r[:, 3] - r[:, 1]) * s > 0) and np.all((r[:, 4] - r[:, 2]) * s > 0)
 
@@ -444,9 +445,12 @@ def test_masked_roi_pooling_is_native_including_maxidx():
 
 @pytest.mark.parametrize("batch, message", [
     (2, r"\[1\] = 2 is out of range"), (7, r"\[1\] = 7 is out of range"),
-    (-0.5, "must be an integer"), (np.nan, "must be finite"), (-np.inf, "must be finite")])
+    (2.5, r"\[1\] = 2 is out of range"),
+    (np.nan, r"rois\[:, 0\]\[1\] \(a batch index\) must be finite, got nan"),
+    (np.inf, r"rois\[:, 0\]\[1\] \(a batch index\) must be finite, got inf"),
+    (-np.inf, r"rois\[:, 0\]\[1\] \(a batch index\) must be finite, got -inf")])
 def test_other_invalid_batch_indices_raise(batch, message):
-    """Only negative integers mask; an index >= N, a fraction or a non-finite one raises."""
+    """Only negative indices mask; one >= N (after truncation) or a non-finite one raises."""
     x = mx.nd.array(_arange(2, 4, 8, 6))
     bad = mx.nd.array([[0, 0, 0, 4, 4], [batch, 0, 0, 4, 4]], dtype="float64")
     for fn, kw in [(mxa.ROIAlign, dict(pooled_size=(2, 2), spatial_scale=1.0)),
@@ -454,6 +458,108 @@ def test_other_invalid_batch_indices_raise(batch, message):
                    (mxa.PSROIPooling, dict(spatial_scale=1.0, output_dim=1, pooled_size=2))]:
         with pytest.raises(ValueError, match=message):
             fn(x.astype("float64"), bad, **kw)
+
+
+def _fractional_case(op, rois=None):
+    """Two images; batch indices with fractions, which MXNet truncates toward zero."""
+    x = np.random.default_rng(23).standard_normal((2, 8, 12, 14))
+    if rois is None:
+        rois = [[0.9, 1, 2, 20, 18], [1.5, 3, 3, 9, 9], [-0.5, 0, 0, 27, 23],
+                [-0.9, 4.5, 2.5, 14, 30], [1.75, 2, 2, 10, 10], [1, 5, 1, 25, 22]]
+    if op == "ROIPooling":
+        return _roi(x, rois, (3, 2), 0.5)
+    if op == "PSROIPooling":
+        return _ps(x, rois, 0.5, 2, 2)
+    return _align(x, rois, (3, 2), 0.5, 2, False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+@pytest.mark.parametrize("op", list(NATIVE))
+def test_fractional_batch_index_is_truncated_as_mxnet_does(op, dtype):
+    """MXNet reads the batch index as static_cast<int>: 0.9 and -0.5 are image 0, 1.5 is
+    image 1.  Output, data gradient and (zero) rois gradient are MXNet's, bit for bit, in
+    the unrecorded, recorded and graph forms."""
+    case = _fractional_case(op)
+    batch = case["rois"][:, 0].astype(dtype)
+    assert (batch != np.trunc(batch)).sum() == 5  # the fractions survive the cast to dtype
+    y_nat, _, _ = native(case, dtype)
+    dy = head_gradient(y_nat.shape, dtype, seed=3)
+    _, dx_nat, drois_nat = native(case, dtype, dy)
+    assert dx_nat[0].any() and dx_nat[1].any()
+    y, _, _ = adapter(case, dtype)
+    assert_identical(y, y_nat)
+    y, dx, drois = adapter(case, dtype, dy)
+    assert_identical(y, y_nat)
+    assert_identical(dx, dx_nat)
+    assert_identical(drois, drois_nat)
+    assert not drois.any()
+    y_sym, dx_sym, drois_sym = _sym_result(case, dtype, dy)
+    assert_identical(y_sym, y_nat)
+    assert_identical(dx_sym, dx_nat)
+    assert not drois_sym.any()
+
+
+@pytest.mark.parametrize("op", list(NATIVE))
+def test_batch_index_truncated_below_zero_masks(op):
+    """-1.5 truncates to -1, a masked row, as -1 itself; MXNet's ROIPooling, which masks
+    negative rows too, agrees on the whole call."""
+    rois = [[0, 1, 2, 20, 18], [-1.5, 3, 3, 9, 9], [1, 0, 0, 27, 23], [-1, 0, 0, 9, 9]]
+    case = _fractional_case(op, rois)
+    whole = dict(case, rois=case["rois"].copy())
+    whole["rois"][:, 0] = [0, -1, 1, -1]
+    dy = head_gradient(adapter(case, np.float32)[0].shape, np.float32)
+    results = adapter(case, np.float32, dy)
+    assert not results[0][[1, 3]].any()
+    for ours, expected in zip(results, adapter(whole, np.float32, dy)):
+        assert_identical(ours, expected)
+    if op == "ROIPooling":
+        x, r = mx.nd.array(case["x"]), mx.nd.array(case["rois"])
+        x.attach_grad()
+        with mx.autograd.record():
+            y = mx.nd.ROIPooling(x, r, **case["kw"])
+        y.backward(mx.nd.array(dy))
+        assert_identical(results[0], y.asnumpy())
+        assert_identical(results[1], x.grad.asnumpy())
+
+
+@pytest.mark.parametrize("op", list(NATIVE))
+def test_integral_batch_indices_reach_the_core_uncopied(op, spy_core):
+    """Truncation copies rois only when a batch index has a fraction."""
+    calls = spy_core(_CORE_NAME[op])
+    whole = _fractional_case(op, [[0, 1, 2, 20, 18], [1, 3, 3, 9, 9]])
+    frac = _fractional_case(op, [[0.5, 1, 2, 20, 18], [1.5, 3, 3, 9, 9]])
+    for case in (whole, frac):
+        x, r = mx.nd.array(case["x"]), mx.nd.array(case["rois"])
+        getattr(mxa, op)(x, r, **case["kw"])
+        given, host = calls[-1].args[1], mxa._on_host(r, "rois")
+        assert np.array_equal(given[:, 1:], host[:, 1:])
+        assert np.array_equal(given[:, 0], [0, 1])
+        assert (given.ctypes.data == host.ctypes.data) == (case is whole)
+
+
+def _gradient_check_case(op):
+    """Distinct values (0.01 apart) so that no max moves under the check's perturbation."""
+    rng = np.random.default_rng(5)
+    x = rng.permutation(2 * 8 * 6 * 7).reshape(2, 8, 6, 7) / 100.0
+    rois = [[0, 1.2, 2.3, 10.1, 9.2], [1, 3.1, 3.3, 9.2, 9.4], [1, 4.3, 0.2, 12.1, 11.3]]
+    return _fractional_case(op, rois) | {"x": x}
+
+
+@pytest.mark.parametrize("op", list(NATIVE))
+def test_mxnet_numeric_gradient_check_passes(op, monkeypatch):
+    """mx.test_utils.check_numeric_gradient, the check MXNet's own operator tests use,
+    moves every input by +-eps/2, the batch column of rois too (0 -> -0.00005, 1 ->
+    0.99995), and must pass for the adapter's graph as it does for MXNet's op."""
+    if "bool" not in vars(np):  # mxnet.test_utils reads np.bool when it runs
+        monkeypatch.setitem(vars(np), "bool", np.bool_)
+    case = _gradient_check_case(op)
+    natives = {"ROIPooling": mx.sym.ROIPooling, "PSROIPooling": mx.sym.contrib.PSROIPooling,
+               "ROIAlign": mx.sym.contrib.ROIAlign}
+    for fn in (natives[op], getattr(mxa, op)):
+        sym = fn(mx.sym.var("data"), mx.sym.var("rois"), **case["kw"])
+        mx.test_utils.check_numeric_gradient(
+            sym, [case["x"], case["rois"]], grad_nodes={"data": "write", "rois": "null"},
+            numeric_eps=1e-4, rtol=1e-6, atol=1e-8, dtype=np.float64)
 
 
 @pytest.mark.parametrize("scale", [1.5, -0.1, 16.0])
@@ -538,9 +644,63 @@ def test_errors_use_mxnets_names(op):
 
 
 def test_inputs_must_be_ndarrays_or_symbols():
-    with pytest.raises(TypeError, match="NDArray"):
-        mxa.ROIPooling(np.ones((1, 1, 4, 4), np.float32), mx.nd.array([[0, 0, 0, 2, 2]]), (2, 2),
-                       1.0)
+    x, r = mx.nd.ones((1, 1, 4, 4)), mx.nd.array([[0, 0, 0, 2, 2]])
+    for data, rois in [(x.asnumpy(), r), (mx.sym.var("d"), r), (x, mx.sym.var("r")),
+                       (x, None), (None, r)]:
+        with pytest.raises(TypeError, match="as both mx.nd.NDArray or as mx.sym.Symbol"):
+            mxa.ROIPooling(data, rois, (2, 2), 1.0)
+
+
+NATIVE_SYM = {"ROIPooling": lambda: mx.sym.ROIPooling,
+              "PSROIPooling": lambda: mx.sym.contrib.PSROIPooling,
+              "ROIAlign": lambda: mx.sym.contrib.ROIAlign}
+
+
+def _symbol_kw(op):
+    return _fractional_case(op, [[0, 0, 0, 4, 4]])["kw"]
+
+
+@pytest.mark.parametrize("name", [None, "pool"], ids=["auto name", "named"])
+@pytest.mark.parametrize("given", ["", "data", "rois", "data,rois"])
+@pytest.mark.parametrize("op", list(NATIVE))
+def test_omitted_symbol_inputs_are_named_as_mxnet_names_them(op, given, name):
+    """An omitted data or rois becomes the variable <name>_data / <name>_rois, with <name>
+    given or MXNet's automatic one (its hint, counter and NameManager prefix); the output is
+    <name>_output."""
+    def names(fn):
+        inputs = {k: mx.sym.var(f"my_{k}") for k in given.split(",") if k}
+        with mx.name.NameManager():  # fresh counters: the same automatic names for both
+            syms = [fn(**inputs, name=name, **_symbol_kw(op)) for _ in range(2)]
+        with mx.name.Prefix("net_"):
+            syms.append(fn(**inputs, name=name, **_symbol_kw(op)))
+        return [(s.list_arguments(), s.list_outputs()) for s in syms]
+
+    expected = names(NATIVE_SYM[op]())
+    assert names(getattr(mxa, op)) == expected
+    if name is None and not given:  # what is mirrored
+        assert expected[1][0] == [f"{op.lower()}1_data", f"{op.lower()}1_rois"]
+
+
+@pytest.mark.parametrize("name", [None, "pool"], ids=["auto name", "named"])
+@pytest.mark.parametrize("op", list(NATIVE))
+def test_symbol_with_omitted_inputs_runs_as_mxnet(op, name):
+    """Bound by its implicit arguments' names, the graph gives MXNet's output and
+    gradients, bit for bit."""
+    case = _fractional_case(op)
+    results = []
+    for fn in (NATIVE_SYM[op](), getattr(mxa, op)):
+        with mx.name.NameManager():
+            sym = fn(name=name, **case["kw"])
+        data_name, rois_name = sym.list_arguments()
+        x, r = mx.nd.array(case["x"]), mx.nd.array(case["rois"])
+        grads = {data_name: mx.nd.zeros(x.shape), rois_name: mx.nd.ones(r.shape)}
+        ex = sym.bind(mx.cpu(), {data_name: x, rois_name: r}, args_grad=grads)
+        y = ex.forward(is_train=True)[0].asnumpy()
+        ex.backward([mx.nd.array(head_gradient(y.shape, np.float32))])
+        results.append((y, grads[data_name].asnumpy(), grads[rois_name].asnumpy()))
+    for ours, theirs in zip(results[1], results[0]):
+        assert_identical(ours, theirs)
+    assert results[1][1].any() and not results[1][2].any()
 
 
 def test_native_keywords_and_positional_order():
