@@ -31,6 +31,12 @@ Arithmetic (the roicore convention each op reproduces bit for bit; see
 Gradients flow to ``images`` and, for the crop methods, to ``boxes``; ``box_indices`` get
 none.  This module does no arithmetic of its own.
 
+``crop_and_resize(image, boxes, box_indices, crop_size, method, extrapolation_value, name)``
+is a drop-in for ``tf.image.crop_and_resize``: its signature, the image dtypes it takes
+(integers and float16/32/64), its float32 result, TF's own argument checks and errors, and
+its numbers bit for bit (``roi_pool``'s crop methods on the image cast to float32, as TF's
+kernel reads it); its docstring lists what still differs.
+
 How the ops run
 ---------------
 roicore's **TensorFlow op library** (``roicore.adapters.native``: registered ops with CPU
@@ -63,6 +69,7 @@ When the library cannot be built (no C++ compiler, a failed compile) or
 Errors: arguments are checked when the op is built (``TypeError``/``ValueError``); values
 inside the tensors (a box index outside the batch, a non-finite box) raise
 ``tf.errors.InvalidArgumentError`` with roicore's message, eagerly and in graphs alike.
+``crop_and_resize`` raises TF's errors instead (see its docstring).
 **XLA** (``tf.function(jit_compile=True)``, Keras ``jit_compile=True``) is refused with a
 ``NotImplementedError`` while tracing: the ops have no XLA lowering.  The Keras layers set
 ``supports_jit = False``, so Keras' default ``jit_compile="auto"`` leaves XLA off.
@@ -95,8 +102,8 @@ try:  # private TF module: used only to refuse XLA with a clear message
 except ImportError:  # pragma: no cover - older/newer TF layouts
     _in_xla = None
 
-__all__ = ["roi_pool", "psroi_pool", "roi_align", "RoIPool", "PSRoIPool", "RoIAlign",
-           "CONVENTIONS", "native_ops", "NativeOpsWarning"]
+__all__ = ["roi_pool", "crop_and_resize", "psroi_pool", "roi_align", "RoIPool", "PSRoIPool",
+           "RoIAlign", "CONVENTIONS", "native_ops", "NativeOpsWarning"]
 
 # The roicore convention each op reproduces (see the module docstring).
 _MAX_RULES = dataclasses.replace(conventions.MAX_POOL["mxnet"], argmax="plane")
@@ -303,7 +310,7 @@ def roi_pool(images, boxes, box_indices, output_size=None, spatial_scale=1.0, me
       method="nearest" is the bilinear crop's (the nearest crop is piecewise constant in
       the boxes).  Unlike crop_and_resize, the output keeps the images' dtype and float64
       images are computed in float64 (crop_and_resize always computes and returns
-      float32).
+      float32); :func:`crop_and_resize` is the drop-in that does as TF does.
     """
     return _roi_pool(images, boxes, box_indices, _output_size(output_size, crop_size, method),
                      spatial_scale, method, extrapolation_value, data_format, name, n_threads)
@@ -366,7 +373,10 @@ def _rules(name):
 
 
 def _roi_pool(images, boxes, box_indices, out_hw, spatial_scale, method,
-              extrapolation_value, data_format, name, n_threads, graph_argmax=True):
+              extrapolation_value, data_format, name, n_threads, graph_argmax=True,
+              op="roi_pool"):
+    """roi_pool's work; ``op`` is the public function that called it, for messages and
+    default names."""
     core.effective_n_threads(n_threads)
     if method in _CROP_METHODS:
         if spatial_scale != 1.0:
@@ -398,7 +408,7 @@ def _roi_pool(images, boxes, box_indices, out_hw, spatial_scale, method,
             crop_height=out_hw[0], crop_width=out_hw[1], method=method,
             extrapolation_value=args.real(extrapolation_value, "extrapolation_value"),
             rules=_rules("roi_pool/" + method)), boxes_differentiable=True)
-        return _apply("roi_pool", name, images, boxes, box_indices, data_format, n_threads,
+        return _apply(op, name, images, boxes, box_indices, data_format, n_threads,
                       out_hw, _same_channels, native, forward=forward, backward=backward,
                       boxes_backward=boxes_backward)
 
@@ -425,9 +435,120 @@ def _roi_pool(images, boxes, box_indices, out_hw, spatial_scale, method,
         pooled_height=out_hw[0], pooled_width=out_hw[1],
         spatial_scale=_float_attr(spatial_scale, "spatial_scale"), rules=_rules("roi_pool/max"),
         compute_argmax=graph_argmax))
-    return _apply("roi_pool", name, images, boxes, box_indices, data_format, n_threads, out_hw,
+    return _apply(op, name, images, boxes, box_indices, data_format, n_threads, out_hw,
                   _same_channels, native, forward=forward, backward=backward, with_argmax=True,
                   graph_argmax=graph_argmax)
+
+
+@_not_converted
+def crop_and_resize(image, boxes, box_indices, crop_size, method="bilinear",
+                    extrapolation_value=0.0, name=None):
+    """``tf.image.crop_and_resize``, computed by roicore: same signature, arguments, errors
+    and float32 result, equal to it bit for bit: the crops of every image dtype, the
+    boxes' gradient, and the image's gradient of float32 images.
+
+    It is :func:`roi_pool` with method "bilinear" or "nearest" on the image cast to
+    float32, which is what TF's kernel reads (``static_cast<float>`` of each pixel), so
+    every image dtype TF accepts (uint8, uint16, int8, int16, int32, int64, float16,
+    float32, float64) gives TF's float32 crops.  Gradients are TF's: the image's (as
+    ``CropAndResizeGradImage``; none for integer images) and the boxes' (as
+    ``CropAndResizeGradBoxes``, for either method); ``box_indices`` and ``crop_size`` get
+    none.
+
+    The arguments are checked by TF itself, so errors have TF's types and messages in
+    eager mode and in graphs alike (``InvalidArgumentError("input image must be 4-D...")``,
+    ``OutOfRangeError("box_index has values outside [0, batch_size)")``, ...): TF's
+    crop_and_resize runs first on a tensor of the image's dtype, batch, height and width
+    with no channels, where it has nothing to crop (and a 1 x 1 crop when ``crop_size`` is
+    valid).  A graph that calls this function, and its SavedModel, hold that op besides
+    roicore's.
+
+    Args:
+      image: 4-D (N, H, W, C) tensor of one of the dtypes above.
+      boxes: (K, 4) float32 [y1, x1, y2, x2] rows, normalised (``y * (H - 1)`` is the
+        image row).
+      box_indices: (K,) int32, the image of each box, in [0, N).
+      crop_size: (crop_height, crop_width), positive int32s: a list, an array or a tensor
+        whose value is known when the op is built.
+      method: "bilinear" or "nearest".
+      extrapolation_value: value of the samples outside the image.
+      name: name scope of the ops, in a graph.
+
+    Returns:
+      The (K, crop_height, crop_width, C) float32 crops.
+
+    Differences from tf.image.crop_and_resize:
+      * float16 and float64 images: the image's gradient is summed in float32 and then
+        cast to the image's dtype; TF adds each contribution in the image's dtype, so the
+        last bits may differ where samples overlap (the forward and the boxes' gradient
+        are equal bit for bit).
+      * ``crop_size`` must be known when the op is built (the crop size is an attribute
+        of roicore's op); TF also takes one computed in the graph.  In a graph, a crop
+        size that TF refuses only when the graph runs (zero or negative) is refused while
+        tracing, with a ValueError.
+      * A box whose corners lie more than 2**24 pixels from the image's origin
+        (``|y1 * (H - 1)| > 2**24``, ...) raises InvalidArgumentError (roicore's limit:
+        float32 has no exact sample positions there); TF crops it.
+      * No XLA (``jit_compile=True`` raises NotImplementedError while tracing) and images
+        on accelerators are copied to the host (see the module docstring).
+      * ``name`` names a scope of several ops rather than a single op, and in a graph
+        the errors of TF's shape function (raised while tracing) list the image's shape
+        with 0 channels: the shape of the tensor TF checks.
+    """
+    method = "bilinear" if method is None else method  # TF's op takes None as its default
+    graph = not tf.executing_eagerly()
+    with tf.name_scope(name or "crop_and_resize") if graph else contextlib.nullcontext() as scope:
+        image = tf.convert_to_tensor(image, name="image")
+        check = _tf_checks(image, boxes, box_indices, crop_size, method, extrapolation_value)
+        # TF's conversions (e.g. float64 arrays to float32 boxes), after TF accepted them
+        boxes = tf.convert_to_tensor(boxes, tf.float32, name="boxes")
+        box_indices = tf.convert_to_tensor(box_indices, tf.int32, name="box_indices")
+        if boxes.shape.num_elements() == 0 and box_indices.shape.num_elements() == 0:
+            boxes = tf.zeros([0, 4])  # TF takes any empty boxes with empty box_indices
+        x = tf.cast(image, tf.float32)  # the pixels as TF's kernel reads them
+        if graph:
+            # the crop runs after TF's checks; an Assert that always holds keeps them in the
+            # graph, as Grappler turns an op that only a control edge uses into a NoOp
+            with tf.control_dependencies([tf.raw_ops.Assert(condition=True, data=[check])]):
+                x = tf.identity(x)
+        extrapolation_value = 0.0 if extrapolation_value is None else float(extrapolation_value)
+        return _roi_pool(x, boxes, box_indices, _size(crop_size, "crop_size"), 1.0, method,
+                         extrapolation_value, "NHWC", scope, None, op="crop_and_resize")
+
+
+def _tf_checks(image, boxes, box_indices, crop_size, method, extrapolation_value):
+    """tf.image.crop_and_resize's checks of its arguments, made by TF's CropAndResize on an
+    image of the same dtype, batch, height and width with no channels (a rank other than 4
+    is refused before any pixel is read, so such an image goes as it is).  A valid
+    ``crop_size`` becomes 1 x 1, which passes the same checks and leaves TF one sample per
+    box.  Eagerly it raises TF's error; in a graph it returns the op to run first."""
+    rank = image.shape.rank
+    if rank is not None and rank != 4:
+        probe = image
+    elif image.shape.is_fully_defined():
+        probe = tf.zeros([*image.shape[:3], 0], image.dtype)
+    else:
+        probe = tf.zeros(tf.concat([tf.shape(image)[:3], [0]], 0), image.dtype)
+    return tf.image.crop_and_resize(probe, boxes, box_indices,
+                                    [1, 1] if _valid_crop_size(crop_size) else crop_size,
+                                    method, extrapolation_value)
+
+
+def _valid_crop_size(crop_size):
+    """Whether TF takes ``crop_size`` for certain: two positive int32 values, known now (an
+    int32 tensor, or integers TF converts to int32 exactly)."""
+    if tf.is_tensor(crop_size):
+        if crop_size.dtype != tf.int32:
+            return False
+        crop_size = tf.get_static_value(crop_size)
+    if isinstance(crop_size, (tuple, list)):
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                   for v in crop_size):
+            return False
+    elif not (isinstance(crop_size, np.ndarray) and crop_size.dtype.kind == "i"):
+        return False
+    a = np.asarray(crop_size)
+    return a.shape == (2,) and bool(np.all((a > 0) & (a <= np.iinfo(np.int32).max)))
 
 
 @_not_converted
