@@ -92,6 +92,7 @@ _CODES = {
         "scale_precision": {"input": ROICORE_PRECISION_INPUT, "float32": ROICORE_PRECISION_FLOAT32},
         "empty_grid": {"zero": ROICORE_EMPTY_GRID_ZERO, "nan": ROICORE_EMPTY_GRID_NAN},
         "backward_min_size_always": {False: 0, True: 1},
+        "reduction": {"mean": ROICORE_REDUCTION_MEAN, "sum": ROICORE_REDUCTION_SUM},
     },
     "PSRoIAlignRules": {
         "scale_precision": {"input": ROICORE_PRECISION_INPUT, "float32": ROICORE_PRECISION_FLOAT32},

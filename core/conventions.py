@@ -133,12 +133,18 @@ class RoIAlignRules:
     backward_min_size_always
         Paddle's backward clamps the box size to at least 1 even when ``aligned`` is True,
         so its gradient uses a different box than its forward for boxes narrower than 1.
+    reduction
+        ``"mean"`` (every framework's RoIAlign) or ``"sum"``: each bin's weighted samples
+        summed in the same order and not divided (an empty grid sums to 0), and the
+        gradient ``g * w``.  torchvision's quantized roi_align sums raw integers and the
+        weights this way, then removes the zero point before it divides.
     """
 
     sampler: Literal["caffe2", "paddle"]
     scale_precision: Literal["float32", "input"]
     empty_grid: Literal["zero", "nan"]
     backward_min_size_always: bool
+    reduction: Literal["mean", "sum"] = "mean"
 
 
 @dataclass(frozen=True)

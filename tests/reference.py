@@ -850,6 +850,7 @@ def roi_align(x, boxes, batch, output_size, spatial_scale, sampling_ratio, align
     ``x_high - x`` weights, sum multiplied by ``(T)(1.0/count)``).  A bin with an empty grid
     (gh <= 0 or gw <= 0) gives 0 for ``empty_grid == "zero"`` and NaN for ``"nan"``.
     Out-of-range samples are counted with value ``0*v[0,0]`` (NaN propagates from v[0,0]).
+    ``rules.reduction == "sum"``: the same sums, not divided (an empty grid gives 0).
     """
     x = np.asarray(x)
     T = _real_type(x)
@@ -872,8 +873,9 @@ def roi_align(x, boxes, batch, output_size, spatial_scale, sampling_ratio, align
             gw = _grid(sampling_ratio, rw, PW, T)
             bin_h = rh / T(PH)
             bin_w = rw / T(PW)
+            summed = rules.reduction == "sum"
             if gh <= 0 or gw <= 0:
-                y[n] = T(np.nan) if rules.empty_grid == "nan" else T(0)
+                y[n] = T(np.nan) if rules.empty_grid == "nan" and not summed else T(0)
                 continue
             if sampler == "caffe2":
                 # pre_calc: positions and weights per (ph, pw, iy, ix), shared by channels
@@ -898,9 +900,10 @@ def roi_align(x, boxes, batch, output_size, spatial_scale, sampling_ratio, align
                                     val = ((w1 * v[yl, xl] + w2 * v[yl, xh])
                                            + w3 * v[yh, xl]) + w4 * v[yh, xh]
                                     acc = acc + val
-                            y[n, c, ph, pw] = acc / count
+                            y[n, c, ph, pw] = acc if summed else acc / count
             else:
                 recip = T(np.float64(1.0) / np.float64(gw * gh))   # double, then cast to T
+                recip = T(1) if summed else recip
                 for c in range(C):
                     v = x[b, c]
                     for ph in range(PH):
@@ -919,9 +922,9 @@ def roi_align_backward(grad_output, boxes, batch, input_shape, output_size, spat
                        sampling_ratio, aligned, rules):
     """RoIAlign backward with the Caffe2 expressions (for both samplers).
 
-    Serial over (n, c, ph, pw, iy, ix); adds ``(g*w_k)/count`` (count = (T)(gh*gw)) to the four
-    corners of in-range samples only.  The box size is clamped to >= 1 when ``not aligned`` or
-    ``rules.backward_min_size_always`` (Paddle).
+    Serial over (n, c, ph, pw, iy, ix); adds ``(g*w_k)/count`` (count = (T)(gh*gw), 1 for
+    ``reduction == "sum"``) to the four corners of in-range samples only.  The box size is
+    clamped to >= 1 when ``not aligned`` or ``rules.backward_min_size_always`` (Paddle).
     """
     g = np.asarray(grad_output)
     T = _real_type(g)
@@ -942,7 +945,7 @@ def roi_align_backward(grad_output, boxes, batch, input_shape, output_size, spat
             bin_w = rw / T(PW)
             gh = _grid(sampling_ratio, rh, PH, T)
             gw = _grid(sampling_ratio, rw, PW, T)
-            count = T(gh * gw)
+            count = T(1) if rules.reduction == "sum" else T(gh * gw)
             for c in range(C2):
                 d = dx[b, c]
                 for ph in range(PH):

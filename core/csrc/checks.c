@@ -423,7 +423,7 @@ static const field_spec PS_ROI_POOL_FIELDS[ROICORE_PS_ROI_POOL_RULES_FIELDS] = {
 };
 static const field_spec ROI_ALIGN_FIELDS[ROICORE_ROI_ALIGN_RULES_FIELDS] = {
     {"sampler", 0, 1, 0}, {"scale_precision", 0, 1, 0}, {"empty_grid", 0, 1, 0},
-    {"backward_min_size_always", 0, 1, 0},
+    {"backward_min_size_always", 0, 1, 0}, {"reduction", 0, 1, ROICORE_REDUCTION_MEAN},
 };
 static const field_spec PS_ROI_ALIGN_FIELDS[ROICORE_PS_ROI_ALIGN_RULES_FIELDS] = {
     {"scale_precision", 0, 1, 0},
@@ -494,7 +494,7 @@ int roicore_check_ps_roi_pool_rules(const roicore_ps_roi_pool_rules *r, roicore_
 int roicore_check_roi_align_rules(const roicore_roi_align_rules *r, roicore_error *err) {
     if (!r) return roicore_fail(err, ROICORE_ERR_ARGUMENT, "RoIAlign rules are missing (NULL)");
     CHECK_RULES("RoIAlignRules", ROI_ALIGN_FIELDS, r->sampler, r->scale_precision, r->empty_grid,
-                r->backward_min_size_always);
+                r->backward_min_size_always, r->reduction);
 }
 
 int roicore_check_ps_roi_align_rules(const roicore_ps_roi_align_rules *r, roicore_error *err) {
@@ -553,7 +553,8 @@ roicore_status roicore_roi_align_rules_from_array(const int64_t *f, int64_t n,
                      r->sampler = (roicore_sampler)v[0];
                      r->scale_precision = (roicore_precision)v[1];
                      r->empty_grid = (roicore_empty_grid)v[2];
-                     r->backward_min_size_always = (int32_t)v[3]);
+                     r->backward_min_size_always = (int32_t)v[3];
+                     r->reduction = (roicore_reduction)v[4]);
 }
 
 roicore_status roicore_ps_roi_align_rules_from_array(const int64_t *f, int64_t n,

@@ -26,7 +26,7 @@ ROICORE_INLINE SAMPLES TYPED(samples_at)(SAMPLES s, int64_t j) {
  * of the bin it pools in per-thread scratch, so memory stays bounded by the output. */
 typedef struct {
     int64_t K, N, H, W, PH, PW;
-    int sampler, empty_nan, divide;
+    int sampler, empty_nan, divide, sum;
     int64_t *region;                   /* per image, the rectangle the samples read */
     T *ystart, *ybin, *xstart, *xbin;  /* per box */
     int64_t *ygrid, *xgrid;
@@ -207,7 +207,9 @@ ROICORE_CLONES static void TYPED(align_task)(const void *opv, FWD_TASK *t) {
     const int npend = t->npend;
     roicore_run *run = t->run;
     T norm = 0;
-    if (gy > 0 && gx > 0)
+    if (op->sum)  /* the sum divided, or multiplied, by 1: as it is */
+        norm = 1;
+    else if (gy > 0 && gx > 0)
         norm = divide ? (T)(gy * gx) : (T)(1.0 / (double)(gy * gx));  /* Paddle: in double */
     const SAMPLES ybox = TYPED(box_samples)(op->y, op->yoff, k);
     const SAMPLES xbox = TYPED(box_samples)(op->x, op->xoff, k);
@@ -322,7 +324,7 @@ ROICORE_CLONES static void TYPED(align_grad_task)(const void *opv, BWD_TASK *t) 
     T *img = t->img;
     const T *grad = t->g;
     roicore_run *run = t->run;
-    const T count = (T)(gy * gx);
+    const T count = op->sum ? (T)1 : (T)(gy * gx);  /* the sum's adjoint: g * w */
     const int64_t whole = (int64_t)count;
     const int pow2 = (T)whole == count && whole > 0 && (whole & (whole - 1)) == 0;
     const T inv = (T)1 / count;
@@ -363,7 +365,8 @@ static int TYPED(align_run)(int forward, const roicore_roi_align_rules *rules,
     op.PH = pooled->h;
     op.PW = pooled->w;
     op.sampler = forward ? (int)rules->sampler : ROICORE_SAMPLER_CAFFE2;
-    op.empty_nan = rules->empty_grid == ROICORE_EMPTY_GRID_NAN;
+    op.sum = rules->reduction == ROICORE_REDUCTION_SUM;
+    op.empty_nan = rules->empty_grid == ROICORE_EMPTY_GRID_NAN && !op.sum;
     op.divide = op.sampler == ROICORE_SAMPLER_CAFFE2;
     const int min_size_one = !aligned || (!forward && rules->backward_min_size_always);
     const int64_t written = roicore_tensor_bytes(forward ? pooled : map);

@@ -203,6 +203,10 @@ typedef enum {
     ROICORE_PS_ROI_POOL_FORMULA_TORCHVISION = 1  /* "torchvision" */
 } roicore_ps_roi_pool_formula;
 typedef enum { ROICORE_EMPTY_GRID_ZERO = 0, ROICORE_EMPTY_GRID_NAN = 1 } roicore_empty_grid;
+typedef enum {
+    ROICORE_REDUCTION_MEAN = 0,  /* "mean": the bin's samples averaged (every framework) */
+    ROICORE_REDUCTION_SUM = 1    /* "sum": summed, not divided; an empty grid sums to 0 */
+} roicore_reduction;
 
 /* MaxPoolRules */
 typedef struct {
@@ -236,7 +240,8 @@ typedef struct {
     roicore_precision scale_precision;  /* INPUT or FLOAT32 */
     roicore_empty_grid empty_grid;
     int32_t backward_min_size_always;
-    int32_t reserved[12];
+    roicore_reduction reduction;        /* default MEAN */
+    int32_t reserved[11];
 } roicore_roi_align_rules;
 
 /* PSRoIAlignRules */
@@ -258,7 +263,7 @@ typedef struct {
 #define ROICORE_BILINEAR_POOL_RULES_REQUIRED 1
 #define ROICORE_PS_ROI_POOL_RULES_FIELDS 2
 #define ROICORE_PS_ROI_POOL_RULES_REQUIRED 1
-#define ROICORE_ROI_ALIGN_RULES_FIELDS 4
+#define ROICORE_ROI_ALIGN_RULES_FIELDS 5
 #define ROICORE_ROI_ALIGN_RULES_REQUIRED 4
 #define ROICORE_PS_ROI_ALIGN_RULES_FIELDS 1
 #define ROICORE_PS_ROI_ALIGN_RULES_REQUIRED 1

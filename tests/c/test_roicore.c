@@ -842,7 +842,16 @@ static void contract(void) {
     CHECK(strstr(err.message, "newer roicore") != NULL, "%s", err.message);
     roicore_roi_align_rules ar;
     EXPECT(roicore_roi_align_rules_from_array(max_fields, 3, &ar, &err), ROICORE_ERR_ARGUMENT);
-    EXPECT(roicore_roi_align_rules_from_array(max_fields, 5, &ar, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_roi_align_rules_from_array(max_fields, 6, &ar, &err), ROICORE_ERR_ARGUMENT);
+    /* reduction: stored by 0.2.0 and later; a 4-field array (before it) means the mean */
+    memset(&ar, 0x5a, sizeof ar);
+    CHECK(roicore_roi_align_rules_from_array(max_fields, 4, &ar, &err) == ROICORE_OK &&
+              ar.reduction == ROICORE_REDUCTION_MEAN && ar.reserved[10] == 0, "%s", err.message);
+    const int64_t align_sum[] = {0, 0, 0, 0, 1};
+    CHECK(roicore_roi_align_rules_from_array(align_sum, 5, &ar, &err) == ROICORE_OK &&
+              ar.reduction == ROICORE_REDUCTION_SUM, "%s", err.message);
+    const int64_t align_bad[] = {0, 0, 0, 0, 2};
+    EXPECT(roicore_roi_align_rules_from_array(align_bad, 5, &ar, &err), ROICORE_ERR_ARGUMENT);
     /* NULL arrays and outputs, out-of-range codes */
     EXPECT(roicore_max_pool_rules_from_array(NULL, 7, &mp, &err), ROICORE_ERR_ARGUMENT);
     EXPECT(roicore_max_pool_rules_from_array(max_fields, 7, NULL, &err), ROICORE_ERR_ARGUMENT);
@@ -879,7 +888,7 @@ static void contract(void) {
     ex.reserved[1] = &ex;
     EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tx, &b, 1.0, 2, 0, &to, &ex, &err), ROICORE_ERR_ARGUMENT);
     roicore_roi_align_rules reserved_rules = MXNET_ALIGN;
-    reserved_rules.reserved[11] = 1;
+    reserved_rules.reserved[10] = 1;
     EXPECT(roicore_roi_align_forward(&reserved_rules, &tx, &b, 1.0, 2, 0, &to, &one_thread, &err), ROICORE_ERR_ARGUMENT);
     /* converters: codes, counts and strides that would overflow */
     int64_t out_batch[2];

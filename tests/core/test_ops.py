@@ -3,6 +3,7 @@ convention and dtype; gradients against finite differences; linear operators aga
 their adjoints; results against the thread count."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -266,18 +267,19 @@ def test_ps_roi_align_empty_and_negative_grids():
 
 # --- RoIAlign -------------------------------------------------------------------------
 
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("convention", sorted(ROI_ALIGN))
 @given(case=cases(max_hw=10, max_p=3), sampling_ratio=st.sampled_from([-1, 0, 1, 2, 3]),
        aligned=st.booleans())
-def test_roi_align_matches_reference(convention, case, sampling_ratio, aligned):
-    rules = ROI_ALIGN[convention]
+def test_roi_align_matches_reference(convention, reduction, case, sampling_ratio, aligned):
+    rules = dataclasses.replace(ROI_ALIGN[convention], reduction=reduction)
     y = rc.roi_align(case.x, case.rois, case.output_size, case.spatial_scale, sampling_ratio,
-                     aligned, convention=convention)
+                     aligned, convention=rules)
     assert_same(y, ref.roi_align(case.x, case.boxes, case.batch, case.output_size,
                                  case.spatial_scale, sampling_ratio, aligned, rules))
     g = np.random.default_rng(4).standard_normal(y.shape).astype(y.dtype)
     dx = rc.roi_align_backward(g, case.rois, case.x.shape, case.spatial_scale, sampling_ratio,
-                               aligned, convention=convention)
+                               aligned, convention=rules)
     assert_same(dx, ref.roi_align_backward(g, case.boxes, case.batch, case.x.shape,
                                            case.output_size, case.spatial_scale,
                                            sampling_ratio, aligned, rules))
@@ -376,14 +378,28 @@ def test_ps_roi_align_gradient_matches_finite_differences(sampling_ratio):
               lambda g: rc.ps_roi_align_backward(g, boxes, x.shape, 1.0, sampling_ratio), x)
 
 
-@pytest.mark.parametrize("convention", ["mxnet", "torchvision"])
+@pytest.mark.parametrize("convention", ["mxnet", "torchvision", "sum"])
 @pytest.mark.parametrize("aligned", [False, True])
 def test_roi_align_gradient_matches_finite_differences(convention, aligned):
+    if convention == "sum":
+        convention = dataclasses.replace(ROI_ALIGN["torchvision"], reduction="sum")
     x = np.random.default_rng(3).standard_normal((2, 2, 6, 7))
     boxes = np.array([[0, 0.3, 0.2, 5.1, 4.6], [1, -1.2, 2.5, 3.3, 7.5], [1, 2.5, 2.5, 2.7, 3.9]])
     _fd_check(lambda v: rc.roi_align(v, boxes, (2, 3), 1.0, -1, aligned, convention=convention),
               lambda g: rc.roi_align_backward(g, boxes, x.shape, 1.0, -1, aligned,
                                               convention=convention), x)
+
+
+def test_roi_align_sum_is_the_mean_times_the_count():
+    """reduction="sum" keeps the mean's sums: divided by a power-of-two count they are the
+    mean exactly."""
+    x = np.random.default_rng(5).standard_normal((1, 3, 9, 9)).astype(np.float32)
+    boxes = np.array([[0, 0.5, 1.25, 7.5, 6.0], [0, 3, 3, 3, 3]], np.float32)
+    summed = dataclasses.replace(ROI_ALIGN["torchvision"], reduction="sum")
+    for sampling_ratio in (1, 2, 4):
+        mean = rc.roi_align(x, boxes, 2, 1.0, sampling_ratio, convention="torchvision")
+        total = rc.roi_align(x, boxes, 2, 1.0, sampling_ratio, convention=summed)
+        assert_same(total / np.float32(sampling_ratio ** 2), mean)
 
 
 @given(case=cases(dtype=np.float64, max_hw=10, max_p=3), sampling_ratio=st.sampled_from([-1, 2]),
