@@ -28,10 +28,6 @@ Differences from torchvision, all but the last about inputs it does not define:
 - float16 and bfloat16 are computed in float32 (see above), and ``roi_pool``,
   ``ps_roi_pool`` and ``ps_roi_align`` take bfloat16 on the CPU, where torchvision has no
   kernel for it.
-- Quantized ``roi_align`` averages each bin's samples before it takes off the zero point;
-  torchvision takes it off the sum, then averages.  The two agree when the sample grid
-  (``sampling_ratio`` squared, or the adaptive grid) has a power-of-two count, and
-  otherwise can differ by one quantization step, in about one output in a thousand.
 
 Operators.  Each op is registered with ``torch.library.custom_op`` as ``roicore::<name>``
 (with ``roicore::<name>_backward``), CPU kernels over roicore.core, a fake (meta)
@@ -55,6 +51,7 @@ or refused with ValueError; gradients flow back through the copies.
 """
 from __future__ import annotations
 
+import dataclasses
 import numbers
 from typing import List, Optional, Tuple, Union
 
@@ -70,6 +67,8 @@ __all__ = ["roi_pool", "roi_align", "ps_roi_pool", "ps_roi_align",
            "RoIPool", "RoIAlign", "PSRoIPool", "PSRoIAlign", "BoxesShapeError"]
 
 CONVENTION = "torchvision"
+# RoIAlign's sums, undivided: the quantized roi_align divides after the zero point is out
+_SUMMED = dataclasses.replace(core.conventions.ROI_ALIGN[CONVENTION], reduction="sum")
 # torchvision's names of roicore.core's arguments, for messages
 NAMES = {"x": "input"}
 _COMPUTED = (torch.float32, torch.float64)
@@ -349,11 +348,11 @@ def _autocast_boxes(boxes):
 
 def _quantized_roi_align(input, boxes, output_size, spatial_scale, sampling_ratio, aligned,
                          n_threads):
-    """roi_align of a quantized map with torchvision's qroi_align arithmetic: one image only
+    """roi_align of a quantized map in torchvision's qroi_align arithmetic: one image only
     (a quantized batch column cannot hold every index, so it is ignored), the boxes
-    dequantized, each bin's samples summed over the raw integers and over the weights, the
-    zero point and scale applied to those sums, and the result quantized with the map's
-    scale and zero point.  No gradient: quantized tensors have none."""
+    dequantized; per bin the sum of the samples of the raw integers S and of their weights
+    Wsum, then ``scale * (S - zero_point * Wsum) / count`` quantized with the map's scale
+    and zero point.  No gradient: quantized tensors have none."""
     op = "roi_align"
     quantized = (all(isinstance(b, Tensor) and b.is_quantized for b in boxes)
                  if isinstance(boxes, (list, tuple)) else
@@ -378,21 +377,25 @@ def _quantized_roi_align(input, boxes, output_size, spatial_scale, sampling_rati
         raise RuntimeError(f"{op}: quantized input must be quantized per tensor, got "
                            f"{input.qscheme()}")
     rois[:, 0] = 0
-    # The means of the raw integers and of the bilinear weights (a map of ones), from the
-    # float kernel; torchvision takes the zero point off these sums before the mean.
-    raw = roi_align(input.int_repr().float(), rois, output_size, spatial_scale,
-                    sampling_ratio, aligned, n_threads=n_threads)
-    ones = input.new_ones((1, 1) + tuple(input.shape[2:]), dtype=torch.float32)
-    weights = roi_align(ones, rois, output_size, spatial_scale, sampling_ratio, aligned,
-                        n_threads=n_threads)
-    scale = torch.tensor(input.q_scale(), dtype=torch.float32)
-    zero_point = input.q_zero_point()
-    y = scale * (raw - float(zero_point) * weights)
-    integers = input.int_repr().dtype
-    info = torch.iinfo(integers)
-    q = (torch.round(y * (1 / scale)).long() + zero_point).clamp(info.min, info.max)
-    return torch._make_per_tensor_quantized_tensor(q.to(integers), input.q_scale(),
-                                                   zero_point)
+    r, integers = rois.numpy(), input.int_repr()
+    ones = np.ones((1, 1) + tuple(input.shape[2:]), np.float32)
+    args = (_output_size(output_size, op), _scale(spatial_scale, op), sampling_ratio, aligned)
+    kw = dict(names=NAMES, n_threads=_threads(n_threads))
+    total = core.roi_align(integers.numpy().astype(np.float32), r, *args,
+                           convention=_SUMMED, **kw)
+    weights = core.roi_align(ones, r, *args, convention=_SUMMED, **kw)
+    # each bin's sample count, the sum of its weights over their mean (1 where no sample
+    # weighs anything: the sums are 0 there, whatever the count)
+    mean = core.roi_align(ones, r, *args, convention=CONVENTION, **kw)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        count = np.where(weights > 0, np.rint(weights.astype(np.float64) / mean), 1)
+    scale, zero_point = np.float32(input.q_scale()), input.q_zero_point()
+    y = scale * (total - np.float32(zero_point) * weights) / count.astype(np.float32)
+    info = np.iinfo(integers.numpy().dtype)
+    q = np.clip(np.rint(y * (np.float32(1) / scale)).astype(np.int64) + zero_point,
+                info.min, info.max)
+    return torch._make_per_tensor_quantized_tensor(
+        torch.from_numpy(q.astype(info.dtype)), input.q_scale(), zero_point)
 
 
 # --------------------------------------------------------------------------- arguments

@@ -784,25 +784,18 @@ def quantized_case(qtype, seed):
 
 @pytest.mark.parametrize("qtype", QTYPES, ids=str)
 def test_quantized_roi_align_is_torchvisions(qtype):
-    """Bit-exact wherever the bin's sample count is a power of two; otherwise within one
-    quantization step (see the module docstring), in few outputs."""
-    exact = steps = total = 0
+    """Bit for bit, for sample counts that are powers of two and others (3 x 3, adaptive):
+    torchvision takes the zero point off each bin's sum before it divides by the count."""
     for seed in range(6):
         qx, qrois = quantized_case(qtype, seed)
-        for sampling_ratio in (1, 2, 4, 3, -1):
+        for sampling_ratio in (1, 2, 3, 4, -1):
             # aligned with an adaptive grid: torchvision throws on the reversed boxes
             for aligned in (False, True) if sampling_ratio > 0 else (False,):
                 args = ((3, 4), 0.75, sampling_ratio, aligned)
                 want, got = native.roi_align(qx, qrois, *args), rt.roi_align(qx, qrois, *args)
                 assert got.dtype == qtype and got.shape == want.shape
                 assert (got.q_scale(), got.q_zero_point()) == (want.q_scale(), want.q_zero_point())
-                diff = (got.int_repr().long() - want.int_repr().long()).abs()
-                if sampling_ratio in (1, 2, 4):
-                    exact += int((diff != 0).sum())
-                assert int(diff.max()) <= 1, (sampling_ratio, aligned)
-                steps += int(diff.sum())
-                total += diff.numel()
-    assert exact == 0 and steps < total / 500, (exact, steps, total)
+                assert torch.equal(got.int_repr(), want.int_repr()), (seed, args)
     boxes = [qrois[:, 1:]]
     assert torch.equal(rt.roi_align(qx, boxes, 3, 0.5, 2).int_repr(),
                        native.roi_align(qx, qrois, 3, 0.5, 2).int_repr())
