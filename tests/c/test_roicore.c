@@ -649,6 +649,21 @@ static void nhwc_psroi_cells(void) {
               #call, rc_, err.message, (want));                                                 \
     } while (0)
 
+/* RoIAlign over a whole 256 x 256 map with sampling ratio 1024: about an hour unless
+ * something stops it (a poll callback in `ex`, or Ctrl-C). */
+static roicore_status long_align_call(int64_t channels, const roicore_exec *ex, roicore_error *err) {
+    array big = new_array(ROICORE_FLOAT32, channels * 256 * 256), out = new_array(ROICORE_FLOAT32, channels * 32 * 32);
+    static const double whole[] = {0, 0, 255, 255};
+    array c = coords_of(ROICORE_FLOAT32, whole, 1);
+    int64_t b0[] = {0};
+    roicore_tensor t = tensor(big, 1, channels, 256, 256);
+    roicore_out_tensor to = out_tensor(out, 1, channels, 32, 32);
+    roicore_boxes b = boxes_of(c, b0, 1);
+    roicore_status status = roicore_roi_align_forward(&MXNET_ALIGN, &t, &b, 1.0, 1024, 0, &to, ex, err);
+    free(big.data); free(out.data); free(c.data);
+    return status;
+}
+
 static int stop_now(void *arg) {
     ++*(int *)arg;
     return 1;
@@ -802,17 +817,8 @@ static void bad_input(void) {
     roicore_set_memory_limit(limit);
     int polls = 0;
     roicore_exec stopping = {.n_threads = 1, .poll = stop_now, .poll_arg = &polls};
-    /* a call long enough to be polled */
-    array big = new_array(ROICORE_FLOAT32, 64 * 256 * 256), bout = new_array(ROICORE_FLOAT32, 64 * 32 * 32);
-    static const double whole[] = {0, 0, 255, 255};
-    array bc = coords_of(ROICORE_FLOAT32, whole, 1);
-    int64_t b0[] = {0};
-    roicore_tensor tbig = tensor(big, 1, 64, 256, 256);
-    roicore_out_tensor tbout = out_tensor(bout, 1, 64, 32, 32);
-    roicore_boxes bb = boxes_of(bc, b0, 1);
-    EXPECT(roicore_roi_align_forward(&MXNET_ALIGN, &tbig, &bb, 1.0, 1024, 0, &tbout, &stopping, &err), ROICORE_ERR_INTERRUPTED);
+    EXPECT(long_align_call(64, &stopping, &err), ROICORE_ERR_INTERRUPTED);
     CHECK(polls >= 1, "the poll callback was not called");
-    free(big.data); free(bout.data); free(bc.data);
     free(x.data); free(out.data); free(c.data); free(one.data); free(g.data); free(dx.data);
 }
 
@@ -1078,17 +1084,8 @@ typedef struct {
 
 static void *long_call(void *arg) {
     call_result *res = (call_result *)arg;
-    array big = new_array(ROICORE_FLOAT32, 16 * 256 * 256), out = new_array(ROICORE_FLOAT32, 16 * 32 * 32);
-    static const double whole[] = {0, 0, 255, 255};
-    array c = coords_of(ROICORE_FLOAT32, whole, 1);
-    int64_t b0[] = {0};
-    roicore_tensor t = tensor(big, 1, 16, 256, 256);
-    roicore_out_tensor to = out_tensor(out, 1, 16, 32, 32);
-    roicore_boxes b = boxes_of(c, b0, 1);
     roicore_exec two = {.n_threads = 2};  /* no poll: only Ctrl-C can stop it */
-    /* sampling ratio 1024: about an hour, unless stopped */
-    res->status = roicore_roi_align_forward(&MXNET_ALIGN, &t, &b, 1.0, 1024, 0, &to, &two, &res->err);
-    free(big.data); free(out.data); free(c.data);
+    res->status = long_align_call(16, &two, &res->err);
     return NULL;
 }
 
