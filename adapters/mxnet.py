@@ -525,7 +525,9 @@ class _Function(mx.autograd.Function):
 def _check_inputs(data, rois, op):
     mod = mx.nd.NDArray
     if not isinstance(data, mod) or not isinstance(rois, mod):
-        raise _inputs_error(op, data, rois)
+        raise TypeError(f"{op} takes data and rois as both mx.nd.NDArray or as mx.sym.Symbol "
+                        f"(an omitted Symbol input becomes a variable, as in MXNet), got "
+                        f"{type(data).__name__} and {type(rois).__name__}")
     _check_data_shape(data.shape)
     _check_rois_shape(rois.shape)
 
@@ -589,12 +591,6 @@ def _symbol(op, data, rois, params, name):
                             **attrs)
         return mx.sym.slice_axis(sym[0] if op == "ROIPooling" else sym, axis=0, begin=0,
                                  end=None, name=name)
-
-
-def _inputs_error(op, data, rois):
-    return TypeError(f"{op} takes data and rois as both mx.nd.NDArray or as mx.sym.Symbol "
-                     f"(an omitted Symbol input becomes a variable, as in MXNet), got "
-                     f"{type(data).__name__} and {type(rois).__name__}")
 
 
 def _call(op, data, rois, params, out, name):
