@@ -364,7 +364,9 @@ def _quantized_roi_align(input, boxes, output_size, spatial_scale, sampling_rati
                          f"{tuple(input.shape)}")
     rois = boxes
     if isinstance(rois, (list, tuple)):
-        rois = _rois([b.dequantize() for b in rois], input.dequantize(), op)
+        # _rois reads only input's shape and dtype: a meta stand-in, not a dequantized copy
+        rois = _rois([b.dequantize() for b in rois],
+                     torch.empty(tuple(input.shape), device="meta"), op)
     else:
         if rois.dim() != 2 or rois.shape[1] != 5:
             raise BoxesShapeError(f"{op}: rois must have shape as Tensor[K, 5], got "
