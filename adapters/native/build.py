@@ -414,6 +414,9 @@ def cached_library(name: str, key: Mapping[str, object], filename: str,
                                    suffix=LIBRARY_SUFFIX)
         os.close(fd)
         log.info("compiling %s into %s (once for this key)", purpose, directory)
+        # one line, so that a first import or call that pauses to compile says why
+        print(f"roicore: compiling {purpose} (once per machine and framework version)",
+              file=sys.stderr, flush=True)
         try:
             produce(pathlib.Path(tmp), directory / "build.log")
             record = {"file": target.name, "bytes": os.path.getsize(tmp),

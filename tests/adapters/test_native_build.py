@@ -94,6 +94,9 @@ def test_concurrent_processes_compile_once(tmp_path, cache, counting_cxx):
     paths = {out.strip() for out, _ in outs}
     assert len(paths) == 1 and counting_cxx() == 1
     assert call(paths.pop()) == 42
+    # the one process that compiled says so, in one line; the others are quiet
+    notices = [err.count("roicore: compiling native library standin") for _, err in outs]
+    assert sorted(notices) == [0, 0, 0, 1], [err for _, err in outs]
 
 
 def test_no_compiler_is_a_clear_error(tmp_path, cache, monkeypatch):
