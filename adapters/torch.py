@@ -58,6 +58,7 @@ from typing import List, Optional, Tuple, Union
 import numpy as np
 
 from roicore import core
+from . import _torch_onnx as _onnx
 from ._common import off_host, require
 
 torch = require("torch", "torch")
@@ -520,6 +521,8 @@ def roi_pool(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size,
     op = "roi_pool"
     x, rois, (ph, pw), scale = _prepare(input, boxes, output_size, spatial_scale, op)
     need_argmax = torch.is_grad_enabled() and input.requires_grad
+    if _onnx.exporting():
+        return _onnx.roi_pool(x, rois, scale, ph, pw)
     y, _ = _roi_pool(x, rois, scale, ph, pw, need_argmax, n_threads)
     return _on(y, input.device)
 
@@ -550,6 +553,8 @@ def roi_align(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size,
                              spatial_scale, sampling_ratio, aligned,
                              n_threads=n_threads).to(input.dtype)
     x, rois, (ph, pw), scale = _prepare(input, boxes, output_size, spatial_scale, op)
+    if _onnx.exporting():
+        return _onnx.roi_align(x, rois, scale, ph, pw, sampling_ratio, aligned)
     y = _roi_align(x, rois, scale, ph, pw, sampling_ratio, aligned, n_threads)
     return _on(y, input.device)
 
@@ -569,6 +574,8 @@ def ps_roi_pool(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size,
     """
     op = "ps_roi_pool"
     x, rois, (ph, pw), scale = _prepare(input, boxes, output_size, spatial_scale, op)
+    if _onnx.exporting():
+        return _onnx.ps_roi_pool(x, rois, scale, ph, pw)
     y = _ps_roi_pool(x, rois, scale, ph, pw, n_threads)
     return _on(y, input.device)
 
@@ -588,6 +595,8 @@ def ps_roi_align(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size,
     """
     op = "ps_roi_align"
     x, rois, (ph, pw), scale = _prepare(input, boxes, output_size, spatial_scale, op)
+    if _onnx.exporting():
+        return _onnx.ps_roi_align(x, rois, scale, ph, pw, sampling_ratio)
     y = _ps_roi_align(x, rois, scale, ph, pw, sampling_ratio, n_threads)
     return _on(y, input.device)
 
@@ -666,3 +675,7 @@ class PSRoIAlign(nn.Module):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(output_size={self.output_size}, "
                 f"spatial_scale={self.spatial_scale}, sampling_ratio={self.sampling_ratio})")
+
+
+# ONNX export: the TorchScript-based exporter translates the ops recorded above
+_onnx.register()
