@@ -54,7 +54,9 @@ def _run_framework(fw, cases, dtypes, out, training=()):
 
 # ----------------------------------------------------------------------------- aggregation
 def _new_row(fw, op, dt):
-    return dict(framework=fw, operator=op, dtype=dt, cases=0, skipped=0, elements=0,
+    # convention: the roicore.core convention compared with the native op (None: the adapter)
+    return dict(framework=fw, operator=op, dtype=dt,
+                convention=harness_class(fw).conventions.get(op), cases=0, skipped=0, elements=0,
                 mismatches=0, max_abs_diff=0.0, grad_elements=None, grad_mismatches=None,
                 grad_max_abs_diff=None, native_errors=0, roicore_errors=0, both_errors=0,
                 mismatching_cases=[], notes=[], details=[])
@@ -256,7 +258,8 @@ def print_report(report, inputs_mode):
         if r["cases"] == 0:
             verdict = "not run"
         ncases = str(r["cases"]) + (f"+{r['skipped']}s" if r["skipped"] else "")
-        row = [r["operator"], r["framework"], r["dtype"], ncases]
+        framework = r["framework"] + (f" ({r['convention']})" if r["convention"] else "")
+        row = [r["operator"], framework, r["dtype"], ncases]
         if inputs_mode and r["details"]:
             d = r["details"][0]
             row += ["x".join(map(str, d["native_shape"])) + " " + d["native_dtype"],

@@ -75,6 +75,9 @@ class Harness:
     # operator -> the dtypes in which roicore's counterpart claims to equal the native op bit
     # for bit (what ``roicore parity`` compares)
     parity_claims: dict = {}
+    # operator -> the roicore.core convention that computes the native op's bits, where
+    # roicore has no adapter for the framework: :meth:`roicore` runs roicore.core under it
+    conventions: dict = {}
     # whether the native operator has a gradient (parity compares it, bench times fwd+bwd)
     differentiable = True
     # whether roicore has an adapter for this framework (bench times it against roicore.core
@@ -113,8 +116,19 @@ class Harness:
 
     def roicore(self, case, inputs, layout="NCHW"):
         """A :class:`Call` of roicore's counterpart of :meth:`native` (the adapter), taking
-        and returning tensors in ``layout``, one of :attr:`layouts`."""
-        raise Unsupported(f"roicore has no {self.name} counterpart of {case['op']}")
+        and returning tensors in ``layout``, one of :attr:`layouts`.
+
+        Here: roicore.core's forward under the operator's convention in :attr:`conventions`,
+        on the NumPy ``x`` and ``rois`` of :meth:`inputs` (a harness without an adapter)."""
+        convention = self.conventions.get(case["op"])
+        if convention is None:
+            raise Unsupported(f"roicore has no {self.name} counterpart of {case['op']}")
+        from roicore.core import operators
+        v = operators.variant(case["op"])
+        options = v.options(sampling_ratio=case["sampling_ratio"], aligned=case["aligned"])
+        rois, size, s = inputs["rois"], case["output_size"], case["spatial_scale"]
+        return Call(lambda x: v.forward(x, rois, size, s, convention=convention, **options)[0],
+                    inputs["x"])
 
     def train(self, call, case, dtype, mode):
         """Train the head of a training case (``cases.training_case``) with ``call``'s
@@ -163,14 +177,28 @@ def boxes_and_batch(case, dtype):
     return np.ascontiguousarray(rois[:, 1:], dtype), rois[:, 0].astype(np.int32)
 
 
+def arrays(case, dtype):
+    """NumPy inputs for a runtime that takes arrays: ``x``, ``rois`` (K, 5), ``boxes`` (K, 4)
+    and ``batch`` (K,) int32, in ``dtype``."""
+    boxes, batch = boxes_and_batch(case, dtype)
+    return dict(x=np.ascontiguousarray(case["x"], dtype),
+                rois=np.ascontiguousarray(case["rois"], dtype), boxes=boxes, batch=batch)
+
+
 def float32_arrays(case, dtype, framework):
-    """NumPy inputs for a runtime that takes arrays and is run in float32 only: ``x``, ``rois``
-    (K, 5), ``boxes`` (K, 4) and ``batch`` (K,) int32."""
+    """:func:`arrays` for a runtime that is run in float32 only."""
     if dtype != F32:
         raise Unsupported(f"{framework} is run in float32 only, not {dtype}")
-    boxes, batch = boxes_and_batch(case, np.float32)
-    return dict(x=np.ascontiguousarray(case["x"], np.float32),
-                rois=np.ascontiguousarray(case["rois"], np.float32), boxes=boxes, batch=batch)
+    return arrays(case, np.float32)
+
+
+def conventions_text(conventions):
+    """What parity compares a harness's native ops with: its :attr:`Harness.conventions`."""
+    ops = {}
+    for op, convention in conventions.items():
+        ops.setdefault(convention, []).append(op)
+    return "roicore.core convention " + ", ".join(
+        f"{c!r} ({', '.join(o)})" for c, o in ops.items())
 
 
 def boxes_per_image(case):

@@ -1,7 +1,8 @@
 """OpenVINO: its CPU plugin's ROIPooling / ROIAlign-9 / PSROIPooling, one-node models.
 
 roicore has no OpenVINO adapter; what parity compares with the plugin is roicore.core
-under the convention that reproduces it, "openvino_cpu".  The plugin runs forward only.
+under the convention that reproduces each op ("openvino_cpu" for ROIPooling, R-FCN's
+"mxnet" for PSROIPooling; ROIAlign-9 matches none).  The plugin runs forward only.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 
 from roicore.core import operators
 
-from . import F32, Call, Unsupported, float32_arrays
+from . import F32, Call, Unsupported, conventions_text, float32_arrays
 from . import Harness as Base
 
 
@@ -17,12 +18,16 @@ class Harness(Base):
     name = "openvino"
     requires = ("openvino",)
     install = 'pip install "roicore[oracles]"'
-    parity_claims = {"roi_pool": (F32,), "roi_pool_bilinear": (F32,)}
+    # the plugin holds spatial_scale as a float, as these conventions do
+    conventions = {"roi_pool": "openvino_cpu", "roi_pool_bilinear": "openvino_cpu",
+                   "psroi_pool": "mxnet"}
+    parity_claims = {op: (F32,) for op in conventions}
     differentiable = False
     has_adapter = False
     native_text = ("CPU plugin ROIPooling (max and bilinear) / ROIAlign-9 / PSROIPooling, "
                    "INFERENCE_PRECISION_HINT f32")
-    parity_text = "OpenVINO CPU ROIPooling (f32 hint) vs roicore.core convention 'openvino_cpu'"
+    parity_text = ("OpenVINO CPU ROIPooling / PSROIPooling (f32 hint) vs "
+                   + conventions_text(conventions))
 
     def __init__(self, threads=None):
         super().__init__(threads)
@@ -35,6 +40,11 @@ class Harness(Base):
         if threads:
             self.config["INFERENCE_NUM_THREADS"] = threads
         self.version = ov.__version__
+
+    def restrict(self, case):
+        if case["op"] == "psroi_pool" and case["output_size"][0] != case["output_size"][1]:
+            raise Unsupported("OpenVINO's PSROIPooling pools to its square group_size")
+        return case, None
 
     def inputs(self, case, dtype, dy):
         return float32_arrays(case, dtype, "OpenVINO's CPU plugin")
@@ -78,11 +88,3 @@ class Harness(Base):
         request = self.core.compile_model(self.ov.Model([node], [data] + params), "CPU",
                                           self.config).create_infer_request()
         return Call(lambda x: request.infer([x] + feed)[0], x)
-
-    def roicore(self, case, inputs, layout="NCHW"):
-        if case["op"] not in self.parity_claims:
-            return super().roicore(case, inputs)
-        v = operators.variant(case["op"])
-        rois, size, s = inputs["rois"], case["output_size"], case["spatial_scale"]
-        return Call(lambda x: v.forward(x, rois, size, s, convention="openvino_cpu")[0],
-                    inputs["x"])

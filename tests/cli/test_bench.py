@@ -14,7 +14,7 @@ HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 NATIVES = {"paddle": {"roi_pool", "roi_align", "psroi_pool"},
            "mxnet": {"roi_pool", "roi_align", "psroi_pool"},
            "openvino": {"roi_pool", "roi_align", "psroi_pool", "roi_pool_bilinear"},
-           "onnxruntime": {"roi_pool", "roi_align"},
+           "onnxruntime": {"roi_pool", "roi_align", "roi_pool_bilinear", "roi_pool_nearest"},
            "tensorflow": {"roi_pool", "roi_pool_bilinear", "roi_pool_nearest"},
            "torch": {"roi_pool", "roi_align", "psroi_pool", "ps_roi_align"}}
 ADAPTERS = {"paddle": {"roi_pool", "roi_align", "psroi_pool"},

@@ -173,7 +173,8 @@ SAME_NUMBERS = """if 1:
 """
 
 
-@pytest.mark.parametrize("framework", ["paddle", "mxnet", "tensorflow", "openvino", "torch"])
+@pytest.mark.parametrize("framework", ["paddle", "mxnet", "tensorflow", "openvino", "onnxruntime",
+                                       "torch"])
 def test_bench_contenders_compute_the_same_numbers(framework):
     import json
     import os

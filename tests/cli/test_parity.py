@@ -6,6 +6,7 @@ import pytest
 
 from cli_run import check_skips, roicore
 from frameworks import framework_installed
+from roicore.cli.frameworks import harness_class
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,11 @@ def test_parity_short_run(parity_run):
               "mxnet": {(op, dt) for op in ("roi_pool", "psroi_pool", "roi_align")
                         for dt in ("float32", "float64")},
               "tensorflow": {("roi_pool_bilinear", "float32"), ("roi_pool_nearest", "float32")},
-              "openvino": {("roi_pool", "float32"), ("roi_pool_bilinear", "float32")},
+              "openvino": {("roi_pool", "float32"), ("roi_pool_bilinear", "float32"),
+                           ("psroi_pool", "float32")},
+              "onnxruntime": {("roi_pool", "float32"), ("roi_pool_bilinear", "float32"),
+                              ("roi_pool_nearest", "float32"), ("roi_align", "float32"),
+                              ("roi_align", "float64")},
               "torch": {(op, dt) for op in ("roi_pool", "psroi_pool", "roi_align", "ps_roi_align")
                         for dt in ("float32", "float64")}}
     for fw in ran:
@@ -40,13 +45,14 @@ def test_parity_short_run(parity_run):
         for r in rows.values():
             assert r["cases"] > 0 and r["bit_exact"] and r["mismatches"] == 0, r
             assert r["elements"] > 0
-            if fw != "openvino":
+            if harness_class(fw).differentiable:
                 assert r["grad_mismatches"] == 0 and r["grad_elements"] > 0, r
     for name in skipped:
         assert "SKIPPED" in proc.stdout and name in proc.stdout
     # training: a convolution trained through each op, native and roicore's, identical
     modes = {"paddle": ("eager", "to_static"), "mxnet": ("eager",), "torch": ("eager",),
-             "tensorflow": ("eager", "tf.function", "SavedModel"), "openvino": ()}
+             "tensorflow": ("eager", "tf.function", "SavedModel"), "openvino": (),
+             "onnxruntime": ()}
     for fw in ran:
         rows = {(r["operator"], r["dtype"], r["mode"]): r for r in report["training"]
                 if r["framework"] == fw}
@@ -54,7 +60,7 @@ def test_parity_short_run(parity_run):
         for r in rows.values():
             assert r["ok"] and r["error"] is None and r["identical_steps"] == r["steps"] == 5, r
             assert r["loss_max_abs_diff"] == r["weight_max_abs_diff"] == 0, r
-    if set(ran) - {"openvino"}:
+    if set(ran) - {"openvino", "onnxruntime"}:
         assert "identical steps" in proc.stdout and "bit-identical" in proc.stdout
     # conventions table: roicore alone, shows the known disagreements
     conv = {(c["operator"], c["dtype"], c["a"], c["b"]): c for c in report["conventions"]}
@@ -83,7 +89,7 @@ def test_parity_inputs_file(tmp_path):
              spatial_scale=1 / 16, output_size=3, sampling_ratio=2, aligned=True)
     out = tmp_path / "r.json"
     proc = roicore("parity", "--inputs", str(f), "--json", str(out), "--frameworks",
-                   "paddle,mxnet,tensorflow,openvino,torch")
+                   "paddle,mxnet,tensorflow,openvino,onnxruntime,torch")
     report = json.loads(out.read_text())
     assert report["inputs"]["x_shape"] == [2, 18, 20, 24] and report["inputs"]["boxes"] == 6
     assert "rois reordered by batch index" in " ".join(report["inputs"]["notes"])
@@ -113,9 +119,9 @@ def test_parity_inputs_file(tmp_path):
         assert "openvino is compared in float32 only" in proc.stdout
 
 
-@pytest.mark.parametrize("fault", ["paddle", "openvino:roi_pool"])
+@pytest.mark.parametrize("fault", ["paddle", "openvino:roi_pool", "onnxruntime:roi_align"])
 def test_parity_fails_when_an_adapter_departs(fault, tmp_path):
-    fw = fault.split(":")[0]
+    fw, _, op = fault.partition(":")
     out = tmp_path / "r.json"
     proc = roicore("parity", "--cases", "0", "--frameworks", fw, "--no-conventions",
                    "--json", str(out), env={"ROICORE_PARITY_FAULT": fault})
@@ -127,14 +133,14 @@ def test_parity_fails_when_an_adapter_departs(fault, tmp_path):
     assert "MISMATCH" in proc.stdout and "FAILED" in proc.stdout
     bad = [r for r in report["results"] if not r["bit_exact"]]
     assert bad and all(r["framework"] == fw for r in bad)
-    if ":" in fault:
-        assert {r["operator"] for r in bad} == {"roi_pool"}
+    if op:
+        assert {r["operator"] for r in bad} == {op}
     assert all(r["max_abs_diff"] > 0 for r in bad)
     # the training runs with the faulty op depart from the native ones at their first step
     trained = [r for r in report["training"] if r["framework"] == fw]
     assert all(not r["ok"] and r["identical_steps"] == 0 and r["loss_max_abs_diff"] > 0
                for r in trained), trained
-    assert bool(trained) == (fw != "openvino")
+    assert bool(trained) == bool(harness_class(fw).training_modes)
     if trained:
         assert "DEPARTS at step 1" in proc.stdout
 
@@ -157,7 +163,7 @@ def test_parity_without_frameworks_fails_and_says_how_to_install_them(tmp_path):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("result: FAILED: not installed: paddle, mxnet, tensorflow, openvino, "
-                           "torch") and "no row compared anything" in last, last
+                           "onnxruntime, torch") and "no row compared anything" in last, last
     for install in ('pip install "roicore[paddle]"', 'pip install "roicore[mxnet]"',
                     'pip install "roicore[tf]"', 'pip install "roicore[oracles]"',
                     'pip install "roicore[torch]" torchvision'):
