@@ -18,17 +18,18 @@ computed like any other channel count.
 Two ways to compute, one set of numbers:
 
 * **Paddle operators** (``roicore_roi_pool``, ``roicore_psroi_pool``, ``roicore_roi_align``
-  and their gradients): roicore's C library registered with Paddle as custom operators,
-  compiled on first use against the installed Paddle with a C++ compiler, and cached per
-  user (:mod:`roicore.adapters.native.paddle`).  They work
-  wherever Paddle ops do: dygraph, ``paddle.jit.to_static`` (both modes), static programs,
-  ``paddle.jit.save`` / ``paddle.jit.load`` and ``paddle.inference`` predictors.  A process
-  that loads a saved model holding them calls :func:`load_library` first.
+  and their gradients): roicore's C library registered with Paddle as custom operators
+  when this module is imported, compiled first against the installed Paddle with a C++
+  compiler if the per-user cache has none (:mod:`roicore.adapters.native.paddle`).  They
+  work wherever Paddle ops do: dygraph, ``paddle.jit.to_static`` (both modes), static
+  programs, ``paddle.jit.save`` / ``paddle.jit.load`` and ``paddle.inference`` predictors;
+  a process that has imported this module loads a saved model holding them as it stands.
 * **The NumPy path** (``roicore.core`` through ``paddle.autograd.PyLayer``, dygraph only):
   for outputs of ``LARGE_OUTPUT_BYTES`` (32 MiB) or more (``roicore.core`` reuses freed
   outputs of that size, where Paddle's allocator maps fresh memory for every call), for
-  tensors off the host, and when the operators cannot be built (a ``RuntimeWarning`` says
-  why, once) or ``ROICORE_NATIVE_OPS=0`` turns them off.
+  tensors off the host, and when the operators cannot be built (the import still succeeds,
+  and a ``RuntimeWarning`` at the first op call says why, once) or
+  ``ROICORE_NATIVE_OPS=0`` turns them off.
 
 Gradients flow to ``x``; ``boxes`` and ``boxes_num`` get none, as in Paddle.  When no
 gradient can be asked for (``x.stop_gradient`` or under ``paddle.no_grad()``),
@@ -100,15 +101,17 @@ _TENSOR_TYPES = (paddle.Tensor, paddle.pir.Value, paddle.static.Variable)
 
 _native = None           # roicore.adapters.native.paddle, once its library is registered
 _native_unavailable = None  # why the operators cannot be used, once that is known
+_import_error = None     # why registering them at import failed, for the first op call
 
 
 def load_library():
     """Build (once per machine) and register roicore's Paddle operators in this process.
 
-    The functions and layers of this module call it on first use.  Call it yourself
-    before ``paddle.jit.load`` or ``paddle.inference.create_predictor`` in a process that
-    loads a model saved with roicore's operators: Paddle must know an operator before it
-    can load a program that holds it.
+    Importing this module registers them already, so that ``paddle.jit.load`` and
+    ``paddle.inference.create_predictor`` can load a model saved with roicore's operators
+    (Paddle must know an operator before it can load a program that holds it).  Call it
+    for the library's path, or to have the error raised when the import could not
+    register them.
 
     Returns:
         str: The path of the operator library (compiled for the installed Paddle).
@@ -145,6 +148,8 @@ def _operators():
             return None
         from .native.build import NativeBuildError
         try:
+            if _import_error is not None:  # registering at import failed: no second build
+                raise _import_error
             load_library()
             return _native
         except (NativeBuildError, OSError, RuntimeError, ImportError) as exc:
@@ -155,6 +160,24 @@ def _operators():
                 f"operators are unavailable: {_native_unavailable}", RuntimeWarning,
                 stacklevel=3)
     return None
+
+
+def _register_at_import():
+    """Register the operators as this module is imported, so that Paddle knows them before
+    the user loads a saved model holding them.  A failure must not fail the import: it is
+    kept for the first op call, which warns and falls back as it would have had the build
+    failed then."""
+    global _import_error
+    if switched_off("ROICORE_NATIVE_OPS"):
+        return
+    try:
+        from .native import paddle as native
+        native.load()
+    except Exception as exc:  # no compiler, a failed build or load: _operators() says why
+        _import_error = exc
+
+
+_register_at_import()
 
 
 def _run(op, inputs, attrs, outputs=("Out",)):

@@ -40,31 +40,33 @@ kernel reads it); its docstring lists what still differs.
 How the ops run
 ---------------
 roicore's **TensorFlow op library** (``roicore.adapters.native``: registered ops with CPU
-kernels on roicore's C library, for every op and its gradient) is compiled against the
-installed TensorFlow the first time an op is called (once per TensorFlow version; see
-:mod:`roicore.adapters.native.tf`) and used in every mode: eagerly, in
-``tf.function``, in Keras ``fit``/``predict``, and in SavedModels (``tf.saved_model.save``,
-Keras ``Model.export``), which then hold only these ops and TF's own.  The ops take either
-layout as it is (no transposes) and give static output shapes.  Their gradients are
-registered with ``tf.RegisterGradient`` and saved with a SavedModel (as custom
-gradients), so a model reloaded where only the op library is loaded still
+kernels on roicore's C library, for every op and its gradient) is loaded when this module
+is imported, compiled first against the installed TensorFlow if the cache has none (once
+per TensorFlow version; see :mod:`roicore.adapters.native.tf`).  It is used in every
+mode: eagerly, in ``tf.function``, in Keras ``fit``/``predict``, and in SavedModels
+(``tf.saved_model.save``, Keras ``Model.export``), which then hold only these ops and TF's
+own.  The ops take either layout as it is (no transposes) and give static output shapes.
+Their gradients are registered with ``tf.RegisterGradient`` and saved with a SavedModel
+(as custom gradients), so a model reloaded where only the op library is loaded still
 differentiates.  Eagerly, when no ``GradientTape`` records the inputs, the forward op
 runs alone and ``roi_pool(method="max")`` computes no argmax; in a graph the argmax is
 computed only when a gradient uses it, and a Keras :class:`RoIPool` called with
 ``training=False`` (``predict``/``evaluate``) asks for none.
 
-Deploying a SavedModel: ship the library file (``python -m roicore.adapters.native.tf``
-prints its path) and load it before the model: ``tf.load_op_library(path)`` in Python,
-``TF_LoadLibrary(path, status)`` from TensorFlow's C API in C and C++ programs; roicore
-itself is not needed there.  TF Serving links custom ops into its model server when the
+Deploying a SavedModel: a process that has imported this module loads it as it stands
+(the import registered the ops).  Where roicore is not installed, ship the library file
+(``python -m roicore.adapters.native.tf`` prints its path) and load it before the model:
+``tf.load_op_library(path)`` in Python, ``TF_LoadLibrary(path, status)`` from TensorFlow's
+C API in C and C++ programs.  TF Serving links custom ops into its model server when the
 server is built, from the op source (``roicore/adapters/native/tf_ops.cc``) and roicore's
 static C library (``roicore.core.get_library_dir()``).
 
 When the library cannot be built (no C++ compiler, a failed compile) or
-``ROICORE_TF_NATIVE=0`` is set, the ops run through a **tf.numpy_function fallback**
-(:mod:`roicore.adapters._tf_numpy`), with a :class:`NativeOpsWarning` saying why: eager,
-``tf.function`` and Keras work with the same numbers, SavedModel export raises a clear
-``NotImplementedError``.
+``ROICORE_TF_NATIVE=0`` is set, the import still succeeds and the ops run through a
+**tf.numpy_function fallback** (:mod:`roicore.adapters._tf_numpy`); a library that could
+not be built or loaded is reported by a :class:`NativeOpsWarning` at the first op call.
+Eager, ``tf.function`` and Keras work with the same numbers, SavedModel export raises a
+clear ``NotImplementedError``.
 
 Errors: arguments are checked when the op is built (``TypeError``/``ValueError``); values
 inside the tensors (a box index outside the batch, a non-finite box) raise
@@ -179,19 +181,37 @@ class NativeOpsWarning(RuntimeWarning):
     """roicore's TensorFlow op library is not available; the tf.numpy_function fallback runs."""
 
 
+# "library": native_ops()'s answer, once asked; "error": why the load at import failed
 _LIBRARY = {}
+
+
+def _load_at_import():
+    """Load the op library as this module is imported, so that TensorFlow knows roicore's
+    ops before the user loads a SavedModel holding them.  A failure must not fail the
+    import: it is kept for the first op call, which warns and falls back as it would have
+    had the load failed then."""
+    if switched_off("ROICORE_TF_NATIVE"):
+        return
+    try:
+        from .native import tf as native_tf
+        native_tf.load()
+    except Exception as exc:  # no compiler, a failed build or load: native_ops() says why
+        _LIBRARY["error"] = exc
 
 
 @_not_converted
 def native_ops():
-    """roicore's TensorFlow op library (the module ``tf.load_op_library`` returns), built
-    and loaded at the first call; None when the ops run through the ``tf.numpy_function``
-    fallback instead, because ``ROICORE_TF_NATIVE=0`` asks for it or the library could not
-    be built or loaded (a :class:`NativeOpsWarning` then says why, once)."""
+    """roicore's TensorFlow op library (the module ``tf.load_op_library`` returns), loaded
+    when this module was imported (built first if the cache had none); None when the ops
+    run through the ``tf.numpy_function`` fallback instead, because ``ROICORE_TF_NATIVE=0``
+    asks for it or the library could not be built or loaded (a :class:`NativeOpsWarning`
+    then says why, once, at the first call)."""
     if "library" not in _LIBRARY:
         library = None
         if not switched_off("ROICORE_TF_NATIVE"):
             try:
+                if "error" in _LIBRARY:  # the load at import failed: report it, build no more
+                    raise _LIBRARY["error"]
                 from .native import tf as native_tf
                 library = native_tf.load()
             except Exception as exc:  # no compiler, a failed build or load: say why, go on
@@ -202,6 +222,9 @@ def native_ops():
                     NativeOpsWarning, stacklevel=3)
         _LIBRARY["library"] = library
     return _LIBRARY["library"]
+
+
+_load_at_import()
 
 
 @dataclasses.dataclass(frozen=True)

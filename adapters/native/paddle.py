@@ -10,8 +10,8 @@ runs one of them in whatever mode Paddle is in: dygraph, a static program (PIR o
 legacy ProgramDesc), or a ``paddle.jit.to_static`` trace.
 
 A process that loads a saved model or creates a ``paddle.inference`` predictor holding
-these operators must call :func:`load` (or ``roicore.adapters.paddle.load_library()``)
-first, so that Paddle knows them.
+these operators needs them registered first, so that Paddle knows them: importing
+``roicore.adapters.paddle`` calls :func:`load`.
 """
 from __future__ import annotations
 

@@ -1,15 +1,17 @@
-"""roicore's TensorFlow op library: compiled on first use, loaded once per process.
+"""roicore's TensorFlow op library: built once per TensorFlow version, loaded by each process.
 
 The library (``tf_ops.cc``) registers roicore's operators and their gradients as
 TensorFlow ops with CPU kernels on roicore's C library.  It must be compiled against the
 headers of the TensorFlow that loads it, so it is built the first time it is needed,
 into the cache of :mod:`roicore.adapters.native.build`, keyed by TensorFlow's version and
 compile and link flags (which carry its C++ ABI), roicore's version and the contents of
-the sources, the C library and its header.  Later processes, and later TensorFlow
-sessions, load the cached file.
+the sources, the C library and its header.  Importing ``roicore.adapters.tf`` calls
+:func:`load`, so later processes load the cached file, and a SavedModel holding these ops
+loads after that import.
 
 ``python -m roicore.adapters.native.tf`` builds it and prints its path, e.g. to build it
-in a container image, or to find the file to ship beside a SavedModel.
+in a container image, or to find the file to ship beside a SavedModel for a serving
+process without roicore (which loads it with ``tf.load_op_library``).
 
 Environment:
   ROICORE_TF_OP_LIBRARY  load this library file instead of building one (a machine with

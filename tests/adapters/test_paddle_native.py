@@ -247,10 +247,11 @@ def test_old_ir_guard_after_import():
 
 def test_saved_model_in_a_fresh_process(tmp_path):
     """The deployment path: to_static (default mode), paddle.jit.save, then in a new
-    process load_library(), paddle.jit.load and a paddle.inference predictor (oneDNN on,
-    as Paddle's CPU predictors default, and off).  Each gives Paddle's own operators'
-    outputs in the same mode bit for bit; jit.load and the predictor without oneDNN also
-    give dygraph's (oneDNN's convolution rounds differently from the dygraph one)."""
+    process the adapter's import (which registers the operators), paddle.jit.load and a
+    paddle.inference predictor (oneDNN on, as Paddle's CPU predictors default, and off).
+    Each gives Paddle's own operators' outputs in the same mode bit for bit; jit.load and
+    the predictor without oneDNN also give dygraph's (oneDNN's convolution rounds
+    differently from the dygraph one)."""
     mine, theirs = twins()
     inputs = batch()
     eager = [o.numpy() for o in mine(*[paddle.to_tensor(a) for a in inputs])]
@@ -261,8 +262,7 @@ def test_saved_model_in_a_fresh_process(tmp_path):
     out = _run_python(f"""
         import numpy as np, paddle
         from paddle import inference
-        import roicore.adapters.paddle as rp
-        rp.load_library()
+        import roicore.adapters.paddle  # noqa: F401  (registers roicore's operators)
         root = {str(tmp_path)!r}
         d = np.load(root + "/io.npz")
         inputs, eager = [d[f"arr_{{i}}"] for i in range(3)], [d[f"arr_{{i}}"] for i in range(3, 7)]
@@ -330,8 +330,7 @@ def test_bad_inputs_to_a_reloaded_model(tmp_path):
     np.savez(tmp_path / "io.npz", img, boxes)
     out = _run_python(f"""
         import numpy as np, paddle
-        import roicore.adapters.paddle as rp
-        rp.load_library()
+        import roicore.adapters.paddle  # noqa: F401  (registers roicore's operators)
         d = np.load({str(tmp_path / 'io.npz')!r})
         img, boxes = d["arr_0"], d["arr_1"]
         model = paddle.jit.load({str(tmp_path / 'model')!r})
@@ -479,8 +478,9 @@ def test_dygraph_routes_outputs_of_32_mib_and_more_through_roicore_core(op, monk
 # ----------------------------------------------------------------------------- building
 
 def test_builds_from_nothing(tmp_path):
-    """A machine that has never built the operators (an empty cache) compiles them on first
-    use, once, with the compiler's log beside the library; a second process reuses it."""
+    """A machine that has never built the operators (an empty cache) compiles them when the
+    adapter is imported, once, with the compiler's log beside the library; a second process
+    reuses it."""
     env = dict(os.environ, ROICORE_CACHE_DIR=str(tmp_path / "cache"))
     code = """
         import numpy as np, paddle
