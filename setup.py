@@ -167,7 +167,7 @@ setup(
     packages=["roicore", "roicore.core", "roicore.adapters", "roicore.adapters.native",
               "roicore.cli", "roicore.cli.frameworks"],
     # the native op libraries are compiled on the user's machine, from these sources
-    package_data={"roicore.adapters.native": ["*.cc", "*.h"]},
+    package_data={"roicore.adapters.native": ["*.cc", "*.cpp", "*.h"]},
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildExt},
 )

@@ -15,7 +15,8 @@ def main(wheel, sdist):
     for needed in ("roicore/__init__.py", "roicore/core/ops.py", "roicore/adapters/__init__.py",
                    "roicore/cli/frameworks/__init__.py", "roicore/core/include/roicore.h",
                    "roicore/core/lib/libroicore.a", "roicore/adapters/native/build.py",
-                   "roicore/adapters/native/tf_ops.cc"):
+                   "roicore/adapters/native/tf_ops.cc", "roicore/adapters/native/paddle_ops.cc",
+                   "roicore/adapters/native/torch_ops.cpp"):
         assert needed in names, f"wheel lacks {needed}"
     leaked = [n for n in names if n.endswith((".pyx", ".pxd", ".pxi", ".c", ".h"))
               and n != "roicore/core/include/roicore.h"

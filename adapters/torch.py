@@ -29,21 +29,43 @@ Differences from torchvision, all but the last about inputs it does not define:
   ``ps_roi_pool`` and ``ps_roi_align`` take bfloat16 on the CPU, where torchvision has no
   kernel for it.
 
-Operators.  Each op is registered with ``torch.library.custom_op`` as ``roicore::<name>``
-(with ``roicore::<name>_backward``), CPU kernels over roicore.core, a fake (meta)
-implementation, and an autograd formula; they pass ``torch.library.opcheck``, run under
-``torch.compile(fullgraph=True)`` forward and backward, and survive ``torch.export`` with
-``torch.export.save``/``load`` (in a process that imported this module).  TorchScript:
-``torch.jit.script`` cannot compile these functions or modules (they are Python, and the
-ops' kernels run Python code); ``torch.jit.trace`` records calls of ``torch.ops.roicore.*``,
-which run in a Python process that imported this module, not in C++-only deployments.
-Double backward is not supported (as in torchvision).
+Operators.  The functions call ``torch.ops.roicore.<name>`` (``roi_pool``, ``roi_align``,
+``ps_roi_pool``, ``ps_roi_align``, each with ``<name>_backward``).  They come from
+roicore's **C++ op library** (:mod:`roicore.adapters.native.torch`): ``TORCH_LIBRARY``
+operators with CPU kernels on roicore's C library, their autograd formulas and
+torchvision's CPU autocast rule for ``roi_align`` in C++, and fake (meta) implementations
+registered here.  Importing this module loads it, compiled first against the installed
+torch if the per-user cache has none (a line on stderr says so; later imports load the
+cached file); :func:`native_library` gives its path.  The ops pass
+``torch.library.opcheck``, run under ``torch.compile(fullgraph=True)`` forward and
+backward, survive ``torch.export`` with ``torch.export.save``/``load``, and compile into
+AOTInductor packages (``torch._inductor.aoti_compile_and_package``).  Where the library
+cannot be built (no C++ compiler, a failed compile) or ``ROICORE_TORCH_NATIVE=0`` turns it
+off, the same ops, with the same schemas and numbers, are Python custom ops
+(``torch.library.custom_op``, kernels over roicore.core), and the first call warns why
+(:class:`NativeOpsWarning`; not when turned off): eager mode, torch.compile and
+torch.export work, deployments without Python do not.  A program exported through either
+loads in a process that has the other.  Double backward is not supported (as in
+torchvision).  An output past roicore's memory limit raises ``torch.OutOfMemoryError`` (a
+RuntimeError, as torch's own failed CPU allocations are) from the C++ ops, MemoryError
+from the Python ones.
 
-Copies.  On the CPU the feature map, boxes and upstream gradient are viewed, not copied
-(a non-contiguous input is made contiguous, as torchvision does), and results are handed
-back without a copy.  ``roi_pool`` computes its argmax only when a gradient can be asked
-for (under torch.compile and torch.export, as decided when the call is traced: export
-under ``torch.no_grad()`` for inference).
+TorchScript.  ``torch.jit.script`` compiles the modules, the functions and models that call
+them (scripting a function compiles a typed twin of it, which calls the ops; ``n_threads``
+is then positional too).  A scripted module saved with ``torch.jit.save``, like an
+AOTInductor package, runs in any process that has loaded the op library, Python
+(``torch.ops.load_library(path)``) or C++ (libtorch), without roicore: ``python -m
+roicore.adapters.native.torch`` prints the library's path.  In TorchScript the ops check
+the values (their errors), a quantized ``input`` is refused, and tensors on another
+device are copied to the host and back (the device policy is Python state; it does not
+apply).  ``torch.jit.trace`` records the same calls of ``torch.ops.roicore.*``.
+
+Copies.  On the CPU the feature map and upstream gradient are read in place (a
+non-contiguous input is made contiguous, as torchvision does; float16 and bfloat16 are
+converted to float32), and the kernels write into the outputs handed back.  ``roi_pool``
+computes its argmax only when a gradient can be asked for (under torch.compile, torch.export
+and TorchScript, as decided when the call is traced or run: export under
+``torch.no_grad()`` for inference).
 
 Devices.  Tensors on another device follow :func:`roicore.adapters.set_device_policy`:
 copied to the host and the result copied back (with a DeviceCopyWarning once per device),
@@ -53,19 +75,23 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
+import types
+import warnings
 from typing import List, Optional, Tuple, Union
 
 import numpy as np
 
 from roicore import core
 from . import _torch_onnx as _onnx
-from ._common import off_host, require
+from ._common import off_host, require, switched_off
 
 torch = require("torch", "torch")
 from torch import Tensor, nn  # noqa: E402
+from torch.jit.annotations import BroadcastingList2  # noqa: E402
 
 __all__ = ["roi_pool", "roi_align", "ps_roi_pool", "ps_roi_align",
-           "RoIPool", "RoIAlign", "PSRoIPool", "PSRoIAlign", "BoxesShapeError"]
+           "RoIPool", "RoIAlign", "PSRoIPool", "PSRoIAlign", "BoxesShapeError",
+           "NativeOpsWarning", "native_library"]
 
 CONVENTION = "torchvision"
 # RoIAlign's sums, undivided: the quantized roi_align divides after the zero point is out
@@ -83,18 +109,18 @@ def _computable(t: Tensor) -> Tensor:
     return t if t.dtype in _COMPUTED else t.float()
 
 
-def _floats(**tensors: Tensor) -> None:
+def _floats(op: str, **tensors: Tensor) -> None:
     """The operators' own check of their tensors' dtypes, for callers of torch.ops.roicore.*
     (and of the fake implementations), which skip the functions' checks."""
     for name, t in tensors.items():
         if t.dtype not in _ACCEPTED:
-            raise TypeError(f"roicore operator: {name} must be float32, float64, float16 or "
+            raise TypeError(f"roicore::{op}: {name} must be float32, float64, float16 or "
                             f"bfloat16, got {t.dtype}")
 
 
-def _array(t: Tensor, name: str) -> np.ndarray:
+def _array(t: Tensor, name: str, op: str) -> np.ndarray:
     """A NumPy view of a CPU tensor (no copy), its dtype checked."""
-    _floats(**{name: t})
+    _floats(op, **{name: t})
     return _computable(t).detach().numpy()
 
 
@@ -110,23 +136,25 @@ def _threads(n_threads: Optional[int]):
 
 
 # --------------------------------------------------------------------------- operators
+#
+# torch.ops.roicore.<op> and <op>_backward come from roicore's C++ op library when it can
+# be had (roicore.adapters.native.torch: TORCH_LIBRARY, with the CPU kernels, autograd and
+# autocast in C++), else from the Python custom ops below (torch.library.custom_op, kernels
+# over roicore.core), with the same schemas.  The fake (meta) implementations below serve
+# both.
 
-@torch.library.custom_op("roicore::roi_pool", mutates_args=(), device_types="cpu")
-def _roi_pool(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
-              pooled_width: int, need_argmax: bool, n_threads: Optional[int]
-              ) -> Tuple[Tensor, Tensor]:
-    """(output, argmax); argmax is empty unless ``need_argmax``."""
-    res = core.roi_pool(_array(input, "input"), _array(rois, "rois"),
-                        (pooled_height, pooled_width), spatial_scale,
-                        convention=CONVENTION, names=NAMES, return_argmax=need_argmax,
-                        n_threads=_threads(n_threads))
-    y, argmax = res if need_argmax else (res, np.empty(0, np.int32))
-    return _tensor(y, input), torch.from_numpy(argmax)
+_OP_NAMES = ("roi_pool", "roi_pool_backward", "roi_align", "roi_align_backward",
+              "ps_roi_pool", "ps_roi_pool_backward", "ps_roi_align", "ps_roi_align_backward")
 
 
-@_roi_pool.register_fake
-def _(input, rois, spatial_scale, pooled_height, pooled_width, need_argmax, n_threads):
-    _floats(input=input, rois=rois)
+class NativeOpsWarning(RuntimeWarning):
+    """roicore's PyTorch op library is not available; its operators run as Python custom
+    ops over roicore.core (no TorchScript or AOTInductor deployments)."""
+
+
+def _roi_pool_fake(input, rois, spatial_scale, pooled_height, pooled_width, need_argmax,
+                   n_threads):
+    _floats("roi_pool", input=input, rois=rois)
     shape = (rois.shape[0], input.shape[1], pooled_height, pooled_width)
     if not need_argmax:
         return input.new_empty(shape), input.new_empty(0, dtype=torch.int32)
@@ -135,96 +163,22 @@ def _(input, rois, spatial_scale, pooled_height, pooled_width, need_argmax, n_th
     return input.new_empty(shape), input.new_empty(shape, dtype=index)
 
 
-@torch.library.custom_op("roicore::roi_pool_backward", mutates_args=(), device_types="cpu")
-def _roi_pool_backward(grad: Tensor, argmax: Tensor, rois: Tensor, batch_size: int,
-                       channels: int, height: int, width: int, n_threads: Optional[int]
-                       ) -> Tensor:
-    dx = core.roi_pool_backward(_array(grad, "grad"), _array(rois, "rois"),
-                                (batch_size, channels, height, width),
-                                convention=CONVENTION, names=NAMES, argmax=argmax.numpy(),
-                                n_threads=_threads(n_threads))
-    return _tensor(dx, grad)
-
-
-@_roi_pool_backward.register_fake
-def _(grad, argmax, rois, batch_size, channels, height, width, n_threads):
-    _floats(grad=grad, rois=rois)
+def _roi_pool_backward_fake(grad, argmax, rois, batch_size, channels, height, width,
+                            n_threads):
+    _floats("roi_pool_backward", grad=grad, rois=rois)
     return grad.new_empty((batch_size, channels, height, width))
 
 
-def _roi_pool_context(ctx, inputs, output):
-    input, rois, spatial_scale, pooled_height, pooled_width, need_argmax, n_threads = inputs
-    # a caller of the op that asked for no argmax and then for a gradient gets the argmax
-    # recomputed from the input (the functions above never do this)
-    ctx.save_for_backward(rois, output[1], None if need_argmax else input)
-    ctx.mark_non_differentiable(output[1])
-    # else autograd hands the backward a zero "gradient" of the argmax, as large as it is
-    ctx.set_materialize_grads(False)
-    ctx.need_argmax = need_argmax
-    ctx.args = (spatial_scale, pooled_height, pooled_width)
-    ctx.input_shape, ctx.n_threads = input.shape, n_threads
-
-
-def _roi_pool_gradient(ctx, grad, _grad_argmax):
-    if grad is None:  # the output itself received no gradient
-        return None, None, None, None, None, None, None
-    rois, argmax, input = ctx.saved_tensors
-    if not ctx.need_argmax:
-        argmax = _roi_pool(input, rois, *ctx.args, True, ctx.n_threads)[1]
-    dx = _roi_pool_backward(grad, argmax, rois, *ctx.input_shape, ctx.n_threads)
-    return dx, None, None, None, None, None, None
-
-
-_roi_pool.register_autograd(_roi_pool_gradient, setup_context=_roi_pool_context)
-
-
-@torch.library.custom_op("roicore::roi_align", mutates_args=(), device_types="cpu")
-def _roi_align(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
-               pooled_width: int, sampling_ratio: int, aligned: bool, n_threads: Optional[int]
-               ) -> Tensor:
-    y = core.roi_align(_array(input, "input"), _array(rois, "rois"), (pooled_height, pooled_width),
-                       spatial_scale, sampling_ratio, aligned, convention=CONVENTION, names=NAMES,
-                       n_threads=_threads(n_threads))
-    return _tensor(y, input)
-
-
-@_roi_align.register_fake
-def _(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned,
-      n_threads):
-    _floats(input=input, rois=rois)
+def _roi_align_fake(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio,
+                    aligned, n_threads):
+    _floats("roi_align", input=input, rois=rois)
     return input.new_empty((rois.shape[0], input.shape[1], pooled_height, pooled_width))
 
 
-@torch.library.custom_op("roicore::roi_align_backward", mutates_args=(), device_types="cpu")
-def _roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, batch_size: int,
-                        channels: int, height: int, width: int, sampling_ratio: int,
-                        aligned: bool, n_threads: Optional[int]) -> Tensor:
-    dx = core.roi_align_backward(_array(grad, "grad"), _array(rois, "rois"),
-                                 (batch_size, channels, height, width), spatial_scale,
-                                 sampling_ratio, aligned, convention=CONVENTION, names=NAMES,
-                                 n_threads=_threads(n_threads))
-    return _tensor(dx, grad)
-
-
-@_roi_align_backward.register_fake
-def _(grad, rois, spatial_scale, batch_size, channels, height, width, sampling_ratio, aligned,
-      n_threads):
-    _floats(grad=grad, rois=rois)
+def _roi_align_backward_fake(grad, rois, spatial_scale, batch_size, channels, height, width,
+                             sampling_ratio, aligned, n_threads):
+    _floats("roi_align_backward", grad=grad, rois=rois)
     return grad.new_empty((batch_size, channels, height, width))
-
-
-def _roi_align_context(ctx, inputs, output):
-    input, rois, spatial_scale, _, _, sampling_ratio, aligned, n_threads = inputs
-    ctx.save_for_backward(rois)
-    ctx.args = (spatial_scale, *input.shape, sampling_ratio, aligned, n_threads)
-
-
-def _roi_align_gradient(ctx, grad):
-    rois, = ctx.saved_tensors
-    return (_roi_align_backward(grad, rois, *ctx.args),) + (None,) * 7
-
-
-_roi_align.register_autograd(_roi_align_gradient, setup_context=_roi_align_context)
 
 
 def _position_sensitive_shape(input, rois, pooled_height, pooled_width):
@@ -235,96 +189,253 @@ def _position_sensitive_shape(input, rois, pooled_height, pooled_width):
     return rois.shape[0], input.shape[1] // cells, pooled_height, pooled_width
 
 
-@torch.library.custom_op("roicore::ps_roi_pool", mutates_args=(), device_types="cpu")
-def _ps_roi_pool(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
-                 pooled_width: int, n_threads: Optional[int]) -> Tensor:
-    y = core.psroi_pool(_array(input, "input"), _array(rois, "rois"),
+def _ps_roi_pool_fake(input, rois, spatial_scale, pooled_height, pooled_width, n_threads):
+    _floats("ps_roi_pool", input=input, rois=rois)
+    return input.new_empty(_position_sensitive_shape(input, rois, pooled_height, pooled_width))
+
+
+def _ps_roi_pool_backward_fake(grad, rois, spatial_scale, batch_size, channels, height, width,
+                               n_threads):
+    _floats("ps_roi_pool_backward", grad=grad, rois=rois)
+    return grad.new_empty((batch_size, channels, height, width))
+
+
+def _ps_roi_align_fake(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio,
+                       n_threads):
+    _floats("ps_roi_align", input=input, rois=rois)
+    return input.new_empty(_position_sensitive_shape(input, rois, pooled_height, pooled_width))
+
+
+def _ps_roi_align_backward_fake(grad, rois, spatial_scale, batch_size, channels, height, width,
+                                sampling_ratio, n_threads):
+    _floats("ps_roi_align_backward", grad=grad, rois=rois)
+    return grad.new_empty((batch_size, channels, height, width))
+
+
+_FAKES = {"roi_pool": _roi_pool_fake, "roi_pool_backward": _roi_pool_backward_fake,
+          "roi_align": _roi_align_fake, "roi_align_backward": _roi_align_backward_fake,
+          "ps_roi_pool": _ps_roi_pool_fake, "ps_roi_pool_backward": _ps_roi_pool_backward_fake,
+          "ps_roi_align": _ps_roi_align_fake,
+          "ps_roi_align_backward": _ps_roi_align_backward_fake}
+
+
+# The Python kernels: roicore.core on NumPy views of the tensors.
+
+def _roi_pool_kernel(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
+                     pooled_width: int, need_argmax: bool, n_threads: Optional[int]
+                     ) -> Tuple[Tensor, Tensor]:
+    """(output, argmax); argmax is empty unless ``need_argmax``."""
+    op = "roi_pool"
+    res = core.roi_pool(_array(input, "input", op), _array(rois, "rois", op),
+                        (pooled_height, pooled_width), spatial_scale,
+                        convention=CONVENTION, names=NAMES, return_argmax=need_argmax,
+                        n_threads=_threads(n_threads))
+    y, argmax = res if need_argmax else (res, np.empty(0, np.int32))
+    return _tensor(y, input), torch.from_numpy(argmax)
+
+
+def _roi_pool_backward_kernel(grad: Tensor, argmax: Tensor, rois: Tensor, batch_size: int,
+                              channels: int, height: int, width: int, n_threads: Optional[int]
+                              ) -> Tensor:
+    op = "roi_pool_backward"
+    dx = core.roi_pool_backward(_array(grad, "grad", op), _array(rois, "rois", op),
+                                (batch_size, channels, height, width),
+                                convention=CONVENTION, names=NAMES, argmax=argmax.numpy(),
+                                n_threads=_threads(n_threads))
+    return _tensor(dx, grad)
+
+
+def _roi_align_kernel(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
+                      pooled_width: int, sampling_ratio: int, aligned: bool,
+                      n_threads: Optional[int]) -> Tensor:
+    op = "roi_align"
+    y = core.roi_align(_array(input, "input", op), _array(rois, "rois", op),
+                       (pooled_height, pooled_width), spatial_scale, sampling_ratio, aligned,
+                       convention=CONVENTION, names=NAMES, n_threads=_threads(n_threads))
+    return _tensor(y, input)
+
+
+def _roi_align_backward_kernel(grad: Tensor, rois: Tensor, spatial_scale: float,
+                               batch_size: int, channels: int, height: int, width: int,
+                               sampling_ratio: int, aligned: bool, n_threads: Optional[int]
+                               ) -> Tensor:
+    op = "roi_align_backward"
+    dx = core.roi_align_backward(_array(grad, "grad", op), _array(rois, "rois", op),
+                                 (batch_size, channels, height, width), spatial_scale,
+                                 sampling_ratio, aligned, convention=CONVENTION, names=NAMES,
+                                 n_threads=_threads(n_threads))
+    return _tensor(dx, grad)
+
+
+def _ps_roi_pool_kernel(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
+                        pooled_width: int, n_threads: Optional[int]) -> Tensor:
+    op = "ps_roi_pool"
+    y = core.psroi_pool(_array(input, "input", op), _array(rois, "rois", op),
                         (pooled_height, pooled_width), spatial_scale,
                         convention=CONVENTION, names=NAMES, n_threads=_threads(n_threads))
     return _tensor(y, input)
 
 
-@_ps_roi_pool.register_fake
-def _(input, rois, spatial_scale, pooled_height, pooled_width, n_threads):
-    _floats(input=input, rois=rois)
-    return input.new_empty(_position_sensitive_shape(input, rois, pooled_height, pooled_width))
-
-
-@torch.library.custom_op("roicore::ps_roi_pool_backward", mutates_args=(), device_types="cpu")
-def _ps_roi_pool_backward(grad: Tensor, rois: Tensor, spatial_scale: float, batch_size: int,
-                          channels: int, height: int, width: int, n_threads: Optional[int]
-                          ) -> Tensor:
-    dx = core.psroi_pool_backward(_array(grad, "grad"), _array(rois, "rois"),
+def _ps_roi_pool_backward_kernel(grad: Tensor, rois: Tensor, spatial_scale: float,
+                                 batch_size: int, channels: int, height: int, width: int,
+                                 n_threads: Optional[int]) -> Tensor:
+    op = "ps_roi_pool_backward"
+    dx = core.psroi_pool_backward(_array(grad, "grad", op), _array(rois, "rois", op),
                                   (batch_size, channels, height, width), spatial_scale,
                                   convention=CONVENTION, names=NAMES, n_threads=_threads(n_threads))
     return _tensor(dx, grad)
 
 
-@_ps_roi_pool_backward.register_fake
-def _(grad, rois, spatial_scale, batch_size, channels, height, width, n_threads):
-    _floats(grad=grad, rois=rois)
-    return grad.new_empty((batch_size, channels, height, width))
-
-
-def _ps_roi_pool_context(ctx, inputs, output):
-    input, rois, spatial_scale, _, _, n_threads = inputs
-    ctx.save_for_backward(rois)
-    ctx.args = (spatial_scale, *input.shape, n_threads)
-
-
-def _ps_roi_pool_gradient(ctx, grad):
-    rois, = ctx.saved_tensors
-    return (_ps_roi_pool_backward(grad, rois, *ctx.args),) + (None,) * 5
-
-
-_ps_roi_pool.register_autograd(_ps_roi_pool_gradient, setup_context=_ps_roi_pool_context)
-
-
-@torch.library.custom_op("roicore::ps_roi_align", mutates_args=(), device_types="cpu")
-def _ps_roi_align(input: Tensor, rois: Tensor, spatial_scale: float, pooled_height: int,
-                  pooled_width: int, sampling_ratio: int, n_threads: Optional[int]) -> Tensor:
-    y = core.ps_roi_align(_array(input, "input"), _array(rois, "rois"),
+def _ps_roi_align_kernel(input: Tensor, rois: Tensor, spatial_scale: float,
+                         pooled_height: int, pooled_width: int, sampling_ratio: int,
+                         n_threads: Optional[int]) -> Tensor:
+    op = "ps_roi_align"
+    y = core.ps_roi_align(_array(input, "input", op), _array(rois, "rois", op),
                           (pooled_height, pooled_width), spatial_scale, sampling_ratio,
                           convention=CONVENTION, names=NAMES, n_threads=_threads(n_threads))
     return _tensor(y, input)
 
 
-@_ps_roi_align.register_fake
-def _(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, n_threads):
-    _floats(input=input, rois=rois)
-    return input.new_empty(_position_sensitive_shape(input, rois, pooled_height, pooled_width))
-
-
-@torch.library.custom_op("roicore::ps_roi_align_backward", mutates_args=(), device_types="cpu")
-def _ps_roi_align_backward(grad: Tensor, rois: Tensor, spatial_scale: float, batch_size: int,
-                           channels: int, height: int, width: int, sampling_ratio: int,
-                           n_threads: Optional[int]) -> Tensor:
-    dx = core.ps_roi_align_backward(_array(grad, "grad"), _array(rois, "rois"),
+def _ps_roi_align_backward_kernel(grad: Tensor, rois: Tensor, spatial_scale: float,
+                                  batch_size: int, channels: int, height: int, width: int,
+                                  sampling_ratio: int, n_threads: Optional[int]) -> Tensor:
+    op = "ps_roi_align_backward"
+    dx = core.ps_roi_align_backward(_array(grad, "grad", op), _array(rois, "rois", op),
                                     (batch_size, channels, height, width), spatial_scale,
                                     sampling_ratio, convention=CONVENTION, names=NAMES,
                                     n_threads=_threads(n_threads))
     return _tensor(dx, grad)
 
 
-@_ps_roi_align_backward.register_fake
-def _(grad, rois, spatial_scale, batch_size, channels, height, width, sampling_ratio,
-      n_threads):
-    _floats(grad=grad, rois=rois)
-    return grad.new_empty((batch_size, channels, height, width))
+_KERNELS = {"roi_pool": _roi_pool_kernel, "roi_pool_backward": _roi_pool_backward_kernel,
+            "roi_align": _roi_align_kernel, "roi_align_backward": _roi_align_backward_kernel,
+            "ps_roi_pool": _ps_roi_pool_kernel,
+            "ps_roi_pool_backward": _ps_roi_pool_backward_kernel,
+            "ps_roi_align": _ps_roi_align_kernel,
+            "ps_roi_align_backward": _ps_roi_align_backward_kernel}
 
 
-def _ps_roi_align_context(ctx, inputs, output):
-    input, rois, spatial_scale, _, _, sampling_ratio, n_threads = inputs
-    ctx.save_for_backward(rois)
-    ctx.args = (spatial_scale, *input.shape, sampling_ratio, n_threads)
+def _python_operators(namespace: str = "roicore") -> types.SimpleNamespace:
+    """Define roicore's operators as Python custom ops (torch.library.custom_op) named
+    ``<namespace>::<op>``, with their fake implementations and autograd formulas (the
+    formulas of the C++ library's).  Returns their CustomOpDefs by op name, and roi_pool's
+    autograd functions (``roi_pool_context``, ``roi_pool_gradient``).  The adapter defines
+    them as ``roicore`` when the op library cannot be had; another namespace puts them
+    beside the library's, to compare the two in one process."""
+    ops = types.SimpleNamespace()
+    for name in _OP_NAMES:
+        op = torch.library.custom_op(f"{namespace}::{name}", _KERNELS[name], mutates_args=(),
+                                     device_types="cpu")
+        op.register_fake(_FAKES[name])
+        setattr(ops, name, op)
+
+    def roi_pool_context(ctx, inputs, output):
+        input, rois, spatial_scale, pooled_height, pooled_width, need_argmax, n_threads = inputs
+        # a caller of the op that asked for no argmax and then for a gradient gets the argmax
+        # recomputed from the input (the functions above never do this)
+        ctx.save_for_backward(rois, output[1], None if need_argmax else input)
+        ctx.mark_non_differentiable(output[1])
+        # else autograd hands the backward a zero "gradient" of the argmax, as large as it is
+        ctx.set_materialize_grads(False)
+        ctx.need_argmax = need_argmax
+        ctx.args = (spatial_scale, pooled_height, pooled_width)
+        ctx.input_shape, ctx.n_threads = input.shape, n_threads
+
+    def roi_pool_gradient(ctx, grad, _grad_argmax):
+        if grad is None:  # the output itself received no gradient
+            return None, None, None, None, None, None, None
+        rois, argmax, input = ctx.saved_tensors
+        if not ctx.need_argmax:
+            argmax = ops.roi_pool(input, rois, *ctx.args, True, ctx.n_threads)[1]
+        dx = ops.roi_pool_backward(grad, argmax, rois, *ctx.input_shape, ctx.n_threads)
+        return dx, None, None, None, None, None, None
+
+    def roi_align_context(ctx, inputs, output):
+        input, rois, spatial_scale, _, _, sampling_ratio, aligned, n_threads = inputs
+        ctx.save_for_backward(rois)
+        ctx.args = (spatial_scale, *input.shape, sampling_ratio, aligned, n_threads)
+
+    def roi_align_gradient(ctx, grad):
+        rois, = ctx.saved_tensors
+        return (ops.roi_align_backward(grad, rois, *ctx.args),) + (None,) * 7
+
+    def ps_roi_pool_context(ctx, inputs, output):
+        input, rois, spatial_scale, _, _, n_threads = inputs
+        ctx.save_for_backward(rois)
+        ctx.args = (spatial_scale, *input.shape, n_threads)
+
+    def ps_roi_pool_gradient(ctx, grad):
+        rois, = ctx.saved_tensors
+        return (ops.ps_roi_pool_backward(grad, rois, *ctx.args),) + (None,) * 5
+
+    def ps_roi_align_context(ctx, inputs, output):
+        input, rois, spatial_scale, _, _, sampling_ratio, n_threads = inputs
+        ctx.save_for_backward(rois)
+        ctx.args = (spatial_scale, *input.shape, sampling_ratio, n_threads)
+
+    def ps_roi_align_gradient(ctx, grad):
+        rois, = ctx.saved_tensors
+        return (ops.ps_roi_align_backward(grad, rois, *ctx.args),) + (None,) * 6
+
+    ops.roi_pool.register_autograd(roi_pool_gradient, setup_context=roi_pool_context)
+    ops.roi_align.register_autograd(roi_align_gradient, setup_context=roi_align_context)
+    ops.ps_roi_pool.register_autograd(ps_roi_pool_gradient, setup_context=ps_roi_pool_context)
+    ops.ps_roi_align.register_autograd(ps_roi_align_gradient, setup_context=ps_roi_align_context)
+    ops.roi_pool_context, ops.roi_pool_gradient = roi_pool_context, roi_pool_gradient
+    return ops
 
 
-def _ps_roi_align_gradient(ctx, grad):
-    rois, = ctx.saved_tensors
-    return (_ps_roi_align_backward(grad, rois, *ctx.args),) + (None,) * 6
+def _native_operators():
+    """Load roicore's C++ op library (built first if the cache has none) and register the
+    fake implementations of its ops; returns the library's path, or None when
+    ``ROICORE_TORCH_NATIVE=0`` turns it off or it cannot be had (why is kept for the
+    NativeOpsWarning of the first call: a failure must not fail the import)."""
+    global _native_unavailable
+    if switched_off("ROICORE_TORCH_NATIVE"):
+        return None
+    try:
+        from .native import torch as native_torch
+        path = native_torch.load()
+    except Exception as exc:  # no compiler, a failed build or load: the first call says why
+        _native_unavailable = f"{type(exc).__name__}: {exc}"
+        return None
+    for name in _OP_NAMES:
+        # registered from this module, which the library names as its ops' Python module
+        # (m.set_python_module): torch checks that, and a process that loaded the library
+        # alone is told to import this module when torch.compile or torch.export needs them
+        torch.library.register_fake(f"roicore::{name}", _FAKES[name])
+    return path
 
 
-_ps_roi_align.register_autograd(_ps_roi_align_gradient, setup_context=_ps_roi_align_context)
+_native_unavailable = None  # why the op library could not be had, until the first call
+_NATIVE_LIBRARY = _native_operators()
+# the Python custom ops, when they are the operators (else None)
+_PYTHON_OPS = None if _NATIVE_LIBRARY is not None else _python_operators("roicore")
+_roi_pool, _roi_align, _ps_roi_pool, _ps_roi_align = (
+    getattr(torch.ops.roicore, name).default for name in
+    ("roi_pool", "roi_align", "ps_roi_pool", "ps_roi_align"))
+
+
+def native_library():
+    """The path of roicore's C++ op library, which this module loaded (compiled first if
+    the cache had none) and whose ops ``torch.ops.roicore.*`` are; None when they are the
+    Python custom ops instead (``ROICORE_TORCH_NATIVE=0``, or no library could be built or
+    loaded: a :class:`NativeOpsWarning` at the first call says why).  A TorchScript module
+    or an AOTInductor package holding the ops runs wherever this file is loaded
+    (``torch.ops.load_library``)."""
+    return _NATIVE_LIBRARY
+
+
+def _warn_if_fallback():
+    """The NativeOpsWarning of the Python operators, once, at the first call."""
+    global _native_unavailable
+    if _native_unavailable is not None:
+        why, _native_unavailable = _native_unavailable, None
+        warnings.warn(
+            "roicore.adapters.torch runs its operators as Python custom ops over roicore.core: "
+            f"its C++ op library is not available ({why}). Eager mode, torch.compile and "
+            "torch.export work, with the same numbers; TorchScript and AOTInductor "
+            "deployments need the library.", NativeOpsWarning, stacklevel=4)
 
 
 # --------------------------------------------------------------------------- autocast, quantized
@@ -488,6 +599,7 @@ def _prepare(input, boxes, output_size, spatial_scale, op):
     """Checked (input on the host, rois on the host, pooled size, spatial_scale).  Meta
     tensors carry shapes, not values: a meta ``input`` takes the op's fake (shape-only)
     implementation, as torchvision's meta kernels do."""
+    _warn_if_fallback()
     _check_input(input, op)
     rois = _rois(boxes, input, op)
     size, scale = _output_size(output_size, op), _scale(spatial_scale, op)
@@ -499,9 +611,121 @@ def _prepare(input, boxes, output_size, spatial_scale, op):
     return _host(input, "input", op), _host(rois, "boxes", op), size, scale
 
 
+# --------------------------------------------------------------------------- TorchScript
+#
+# torch.jit.script cannot compile the functions above: n_threads is a keyword-only argument
+# with a default, which TorchScript refuses, and their checks are Python.  Each function's
+# __prepare_scriptable__ (the hook torch.jit.script and recursive scripting consult) hands
+# TorchScript a twin below instead, with the same arguments (n_threads positional too, so a
+# call that passes it by keyword compiles) and the same numbers: plain typed code around
+# torch.ops.roicore.*, as torchvision's functions are around torch.ops.torchvision.*.
+# The ops check every value themselves (a bad one raises their error); quantized input is
+# the Python functions' alone, and tensors off the CPU are copied to it and back (the
+# device policy is Python state, which a scripted program does not carry).
+
+def _script_inputs(input: Tensor, boxes: Union[Tensor, List[Tensor]], op: str
+                   ) -> Tuple[Tensor, Tensor]:
+    """(input, rois) on the host, rois as torchvision's Tensor[K, 5] (see _rois)."""
+    if input.is_quantized:
+        raise RuntimeError(op + ": quantized input is computed in Python only: call "
+                                "roicore.adapters.torch's functions outside TorchScript")
+    if isinstance(boxes, Tensor):
+        if boxes.dim() != 2 or boxes.size(1) != 5:
+            raise ValueError(op + ": boxes must be a Tensor[K, 5] of [batch_index, x1, y1, x2, "
+                                  "y2] rows or a list of Tensor[L, 4], got shape "
+                             + str(boxes.shape))
+        if boxes.dtype != input.dtype:
+            raise TypeError(op + ": boxes must have input's dtype " + str(input.dtype)
+                            + ", got " + str(boxes.dtype))
+        rois = boxes
+    else:
+        if len(boxes) == 0:
+            raise ValueError(op + ": boxes is an empty list; pass one Tensor[L, 4] per image")
+        dtype = input.dtype
+        if dtype != torch.float32 and dtype != torch.float64:
+            dtype = torch.float32
+        ids: List[Tensor] = []
+        coords: List[Tensor] = []
+        for i, b in enumerate(boxes):
+            if b.dim() != 2 or b.size(1) != 4:
+                raise ValueError(op + ": boxes[" + str(i) + "] must be a Tensor[L, 4] of [x1, "
+                                      "y1, x2, y2] rows for image " + str(i) + ", got "
+                                 + str(b.shape))
+            if b.dtype != input.dtype:
+                raise TypeError(op + ": boxes[" + str(i) + "] must have input's dtype "
+                                + str(input.dtype) + ", got " + str(b.dtype))
+            ids.append(torch.full([b.size(0), 1], i, dtype=dtype, device=b.device))
+            coords.append(b.to(dtype))
+        rois = torch.cat([torch.cat(ids), torch.cat(coords)], dim=1)
+    if input.device.type != "cpu" and input.device.type != "meta":
+        input = input.cpu()
+    if rois.device.type != "cpu" and rois.device.type != "meta":
+        rois = rois.cpu()
+    return input, rois
+
+
+def _script_scale(spatial_scale: Union[float, int]) -> float:
+    """spatial_scale as a float (a module built with an int scale holds an int)."""
+    return float(spatial_scale)
+
+
+def _scripted_roi_pool(input: Tensor, boxes: Union[Tensor, List[Tensor]],
+                       output_size: BroadcastingList2[int],
+                       spatial_scale: Union[float, int] = 1.0,
+                       n_threads: Optional[int] = None) -> Tensor:
+    """roi_pool as TorchScript compiles it."""
+    x, rois = _script_inputs(input, boxes, "roi_pool")
+    need_argmax = torch.is_grad_enabled() and input.requires_grad
+    y, _ = torch.ops.roicore.roi_pool(x, rois, _script_scale(spatial_scale), output_size[0],
+                                      output_size[1], need_argmax, n_threads)
+    return y.to(input.device)
+
+
+def _scripted_roi_align(input: Tensor, boxes: Union[Tensor, List[Tensor]],
+                        output_size: BroadcastingList2[int],
+                        spatial_scale: Union[float, int] = 1.0, sampling_ratio: int = -1,
+                        aligned: bool = False, n_threads: Optional[int] = None) -> Tensor:
+    """roi_align as TorchScript compiles it."""
+    x, rois = _script_inputs(input, boxes, "roi_align")
+    y = torch.ops.roicore.roi_align(x, rois, _script_scale(spatial_scale), output_size[0],
+                                    output_size[1], sampling_ratio, aligned, n_threads)
+    return y.to(input.device)
+
+
+def _scripted_ps_roi_pool(input: Tensor, boxes: Union[Tensor, List[Tensor]],
+                          output_size: BroadcastingList2[int],
+                          spatial_scale: Union[float, int] = 1.0,
+                          n_threads: Optional[int] = None) -> Tensor:
+    """ps_roi_pool as TorchScript compiles it."""
+    x, rois = _script_inputs(input, boxes, "ps_roi_pool")
+    y = torch.ops.roicore.ps_roi_pool(x, rois, _script_scale(spatial_scale), output_size[0],
+                                      output_size[1], n_threads)
+    return y.to(input.device)
+
+
+def _scripted_ps_roi_align(input: Tensor, boxes: Union[Tensor, List[Tensor]],
+                           output_size: BroadcastingList2[int],
+                           spatial_scale: Union[float, int] = 1.0, sampling_ratio: int = -1,
+                           n_threads: Optional[int] = None) -> Tensor:
+    """ps_roi_align as TorchScript compiles it."""
+    x, rois = _script_inputs(input, boxes, "ps_roi_align")
+    y = torch.ops.roicore.ps_roi_align(x, rois, _script_scale(spatial_scale), output_size[0],
+                                       output_size[1], sampling_ratio, n_threads)
+    return y.to(input.device)
+
+
+def _scripted_as(twin):
+    """Have torch.jit.script compile ``twin`` wherever it meets the decorated function."""
+    def decorate(fn):
+        fn.__prepare_scriptable__ = lambda: twin
+        return fn
+    return decorate
+
+
 # --------------------------------------------------------------------------- functions
 
 @torch.fx.wrap
+@_scripted_as(_scripted_roi_pool)
 def roi_pool(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size,
              spatial_scale: float = 1.0, *, n_threads: Optional[int] = None) -> Tensor:
     """RoI max pooling (Fast R-CNN), as ``torchvision.ops.roi_pool``.
@@ -528,6 +752,7 @@ def roi_pool(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size,
 
 
 @torch.fx.wrap
+@_scripted_as(_scripted_roi_align)
 def roi_align(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size,
               spatial_scale: float = 1.0, sampling_ratio: int = -1, aligned: bool = False, *,
               n_threads: Optional[int] = None) -> Tensor:
@@ -560,6 +785,7 @@ def roi_align(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size,
 
 
 @torch.fx.wrap
+@_scripted_as(_scripted_ps_roi_pool)
 def ps_roi_pool(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size,
                 spatial_scale: float = 1.0, *, n_threads: Optional[int] = None) -> Tensor:
     """Position-sensitive RoI average pooling (R-FCN), as ``torchvision.ops.ps_roi_pool``.
@@ -581,6 +807,7 @@ def ps_roi_pool(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size,
 
 
 @torch.fx.wrap
+@_scripted_as(_scripted_ps_roi_align)
 def ps_roi_align(input: Tensor, boxes: Union[Tensor, List[Tensor]], output_size,
                  spatial_scale: float = 1.0, sampling_ratio: int = -1, *,
                  n_threads: Optional[int] = None) -> Tensor:

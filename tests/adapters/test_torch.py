@@ -3,7 +3,13 @@
 Parity means bit-identical outputs and input gradients (for a random upstream gradient) to
 ``torchvision.ops`` on identical inputs, in float32 and float64, for every box format and
 thread count; then the operators inside real models (a convolution's output in, SGD steps
-and DDP gradients out), and the PyTorch machinery: opcheck, torch.compile, torch.export.
+and DDP gradients out), and the PyTorch machinery: opcheck, torch.compile, torch.export,
+TorchScript.
+
+The file runs on the operators this process has: roicore's C++ op library when it can be
+built (always in CI), else the Python custom ops.  test_the_python_operators_pass_this_file
+runs it again in a process where ROICORE_TORCH_NATIVE=0 makes them the Python ones, so both
+paths pass every test here; test_torch_native.py checks what only the library does.
 """
 import copy
 import inspect
@@ -25,6 +31,8 @@ torch = framework("torch", "the PyTorch adapter tests need torch")
 torchvision = framework("torchvision", "the PyTorch adapter tests need torchvision")
 from torchvision import ops as native  # noqa: E402
 
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
 from roicore.adapters import DeviceCopyWarning, _common, set_device_policy  # noqa: E402
 from roicore.adapters import torch as rt  # noqa: E402
 from strategies import cases  # noqa: E402
@@ -33,6 +41,11 @@ OPS = ["roi_pool", "roi_align", "ps_roi_pool", "ps_roi_align"]
 MODULES = {"roi_pool": "RoIPool", "roi_align": "RoIAlign", "ps_roi_pool": "PSRoIPool",
            "ps_roi_align": "PSRoIAlign"}
 DTYPES = [torch.float32, torch.float64]
+# whether torch.ops.roicore.* are the C++ op library's (else the Python custom ops)
+NATIVE = rt.native_library() is not None
+python_operators_only = pytest.mark.skipif(
+    NATIVE, reason="observes the Python operators' calls of roicore.core; the run of "
+                   "test_the_python_operators_pass_this_file covers them")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -225,10 +238,10 @@ def test_the_registered_operators_check_their_dtypes(op):
     rois = torch.tensor([[0, 0, 0, 2, 2.0]])
     args = {"roi_pool": (1.0, 2, 2, False, None), "roi_align": (1.0, 2, 2, 2, False, None),
             "ps_roi_pool": (1.0, 2, 2, None), "ps_roi_align": (1.0, 2, 2, 2, None)}[op]
-    with pytest.raises(TypeError, match=r"roicore operator: input must be float32, float64, "
+    with pytest.raises(TypeError, match=rf"roicore::{op}: input must be float32, float64, "
                                         r"float16 or bfloat16, got torch.int64"):
         getattr(torch.ops.roicore, op)(x, rois, *args)
-    with pytest.raises(TypeError, match=r"roicore operator: input must be"):  # the fake too
+    with pytest.raises(TypeError, match=rf"roicore::{op}: input must be"):  # the fake too
         getattr(torch.ops.roicore, op)(x.to("meta"), rois.to("meta"), *args)
 
 
@@ -320,21 +333,66 @@ def test_torch_export_save_and_load(op):
         assert_same(loaded.module()(img, rois), model(img, rois), f"exported {op}")
 
 
-def test_torchscript_script_is_refused_and_trace_records_the_ops():
-    """As the module docstring says: scripting fails, tracing records torch.ops.roicore."""
-    module = rt.RoIAlign(2, 0.5, 2)
+class _CallsTheFunctions(torch.nn.Module):
+    """A user's module calling the functions, keywords and lists of boxes included."""
+
+    def forward(self, x, b: torch.Tensor):
+        boxes = [b[b[:, 0] == i][:, 1:] for i in range(2)]
+        return (rt.roi_pool(x, b, 3, 0.5), rt.roi_align(x, boxes, [3, 2], 0.5, 2, True),
+                rt.ps_roi_pool(x, b, (2, 2), spatial_scale=0.7, n_threads=1),
+                rt.ps_roi_align(x, boxes, 2, 0.7, n_threads=2))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_torchscript_scripts_the_modules_and_functions(op):
+    """torch.jit.script compiles the modules (an int spatial_scale too) and the functions
+    to calls of torch.ops.roicore.*, with the eager numbers and gradients."""
+    x, rois, args = large_case(op, torch.float32, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                 # torch.jit.script is deprecated
+        for module in (getattr(rt, MODULES[op])(*args), getattr(rt, MODULES[op])(7, 1, *args[2:])):
+            scripted = torch.jit.script(module)
+            assert f"roicore::{op}" in str(scripted.inlined_graph)
+            want_y, want_g = run(module, x, rois, ())
+            got_y, got_g = run(scripted, x, rois, ())
+            assert_same(got_y, want_y, f"scripted {MODULES[op]} output")
+            assert_same(got_g, want_g, f"scripted {MODULES[op]} gradient")
+            boxes, regrouped = as_list(rois, 2)
+            assert_same(scripted(x, boxes), module(x, regrouped), "list of boxes")
+        function = torch.jit.script(getattr(rt, op))
+    assert_same(function(x, rois, *args), getattr(rt, op)(x, rois, *args), f"scripted {op}")
+
+
+def test_torchscript_scripts_a_users_module_and_trace_records_the_ops():
+    module = _CallsTheFunctions()
+    x, b = _compile_inputs()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with pytest.raises(torch.jit.frontend.NotSupportedError):
-            torch.jit.script(module)
-        x, b = _compile_inputs()
-        traced = torch.jit.trace(module, (x, b))
+        scripted = torch.jit.script(module)
+        traced = torch.jit.trace(rt.RoIAlign(2, 0.5, 2), (x, b))
+    for got, want in zip(scripted(x, b), module(x, b)):
+        assert_same(got, want, "scripted")
     assert "roicore::roi_align" in str(traced.graph)
-    assert_same(traced(x, b), module(x, b), "traced")
+    assert_same(traced(x, b), rt.roi_align(x, b, 2, 0.5, 2), "traced")
+
+
+def test_torchscript_errors_are_the_operators():
+    """Scripted code checks what TorchScript's types do not; the ops check the values."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scripted = torch.jit.script(rt.RoIAlign(2, 0.5, 2))
+    x = torch.randn(2, 4, 6, 6)
+    with pytest.raises(Exception, match=r"boxes\[:, 0\]\[0\] = 2 is out of range"):
+        scripted(x, torch.tensor([[2.0, 0, 0, 4, 4]]))
+    with pytest.raises(Exception, match=r"roi_align: boxes must be a Tensor\[K, 5\]"):
+        scripted(x, torch.zeros(1, 4))
+    with pytest.raises(Exception, match=r"roi_align: boxes must have input's dtype"):
+        scripted(x, torch.zeros(1, 5, dtype=torch.float64))
 
 
 # ----------------------------------------------------------------------------- memory
 
+@python_operators_only
 def test_no_copies_on_cpu_and_argmax_only_for_gradients(spy_core):
     x, b = _compile_inputs()
     calls = spy_core("roi_pool")
@@ -350,6 +408,7 @@ def test_no_copies_on_cpu_and_argmax_only_for_gradients(spy_core):
     assert calls[2].kwargs["return_argmax"]
 
 
+@python_operators_only
 @pytest.mark.parametrize("op", ["roi_align", "ps_roi_pool", "ps_roi_align"])
 def test_no_copies_for_the_other_ops(op, spy_core):
     x, b = _compile_inputs()
@@ -360,6 +419,47 @@ def test_no_copies_for_the_other_ops(op, spy_core):
     assert result.ctypes.data == y.data_ptr()
 
 
+class _RecordOps(TorchDispatchMode):
+    """Records every torch.ops.roicore.* call (the op and its arguments) while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "roicore":
+            self.calls.append((func, args))
+        return func(*args, **(kwargs or {}))
+
+
+def test_roi_pool_asks_for_the_argmax_only_when_a_gradient_can_follow():
+    x, b = _compile_inputs()
+
+    def asked(x):
+        with _RecordOps() as record:
+            rt.roi_pool(x, b, 3, 0.5)
+        return [args[5] for op, args in record.calls if op == torch.ops.roicore.roi_pool.default]
+
+    assert asked(x) == [False]
+    with torch.no_grad():
+        assert asked(x.clone().requires_grad_(True)) == [False]
+    assert asked(x.clone().requires_grad_(True)) == [True]
+
+
+def test_roi_pool_op_recomputes_an_argmax_it_was_not_asked_for():
+    """A caller of the op that asked for no argmax and then for a gradient gets it all the
+    same (the backward recomputes the argmax from the input)."""
+    x, b = _compile_inputs()
+    xg = x.clone().requires_grad_(True)
+    y, argmax = torch.ops.roicore.roi_pool(xg, b, 0.5, 3, 3, False, None)
+    assert argmax.shape == (0,)
+    y.sum().backward()
+    xn = x.clone().requires_grad_(True)
+    native.roi_pool(xn, b, 3, 0.5).sum().backward()
+    assert_same(xg.grad, xn.grad, "gradient")
+
+
+@python_operators_only
 def test_roi_pool_backward_gets_no_argmax_gradient():
     """The argmax output is not differentiable, and autograd must not build a zero
     "gradient" of its size for every backward (a large allocation, for nothing)."""
@@ -367,17 +467,19 @@ def test_roi_pool_backward_gets_no_argmax_gradient():
 
     def spy(ctx, grad, grad_argmax):
         seen.append(grad_argmax)
-        return rt._roi_pool_gradient(ctx, grad, grad_argmax)
+        return rt._PYTHON_OPS.roi_pool_gradient(ctx, grad, grad_argmax)
 
-    rt._roi_pool.register_autograd(spy, setup_context=rt._roi_pool_context)
+    ops = rt._PYTHON_OPS
+    ops.roi_pool.register_autograd(spy, setup_context=ops.roi_pool_context)
     try:
         x, b = _compile_inputs()
         rt.roi_pool(x.requires_grad_(True), b, 3, 0.5).sum().backward()
     finally:
-        rt._roi_pool.register_autograd(rt._roi_pool_gradient, setup_context=rt._roi_pool_context)
+        ops.roi_pool.register_autograd(ops.roi_pool_gradient, setup_context=ops.roi_pool_context)
     assert seen == [None]
 
 
+@python_operators_only
 def test_default_threads_follow_torch(spy_core):
     x, b = _compile_inputs()
     calls = spy_core("roi_align")
@@ -826,3 +928,20 @@ def test_boxes_of_the_wrong_shape_are_an_assertion_error_too(op):
                 fn(x, boxes, 2)
         with pytest.raises(ValueError):
             getattr(rt, op)(x, boxes, 2)
+
+
+# ----------------------------------------------------------------------------- both paths
+
+@pytest.mark.slow
+@pytest.mark.skipif(not NATIVE, reason="this process runs the Python operators already")
+def test_the_python_operators_pass_this_file():
+    """Every other test of this file, on the Python custom ops (the fallback without a C++
+    compiler): in a process where ROICORE_TORCH_NATIVE=0 turns the op library off."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+         os.path.abspath(__file__), "-k", "not test_the_python_operators_pass_this_file"],
+        cwd=root, env=dict(os.environ, ROICORE_TORCH_NATIVE="0"), capture_output=True,
+        text=True, timeout=3000)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout.splitlines()[-1], proc.stdout[-3000:]
