@@ -323,11 +323,27 @@ roicore_exec Exec(const char* op, std::optional<int64_t> n_threads) {
   return exec;
 }
 
-// A fresh output of `shape`, refused beforehand when it would pass roicore's memory limit
-// (sizes whose product overflows included).
-at::Tensor Output(at::IntArrayRef shape, at::ScalarType type) {
+// Bytes of an array of `shape` in `type`; -1 when the product overflows (roicore_mul).
+int64_t Bytes(at::IntArrayRef shape, at::ScalarType type) {
   int64_t bytes = static_cast<int64_t>(c10::elementSize(type));
   for (int64_t d : shape) bytes = roicore_mul(bytes, d);
+  return bytes;
+}
+
+// a + b for byte counts, -1 (over every limit) when either is or the sum overflows.
+int64_t AddBytes(int64_t a, int64_t b) {
+  return a < 0 || b < 0 || a > std::numeric_limits<int64_t>::max() - b ? -1 : a + b;
+}
+
+// A fresh output of `shape` in `type`, refused beforehand when the call's allocations would
+// pass roicore's memory limit together (sizes whose product overflows included): this
+// output, the copy that Result rounds it into for a float16 or bfloat16 `like`, and `also`
+// more bytes (roi_pool's argmax), so that no two allocations each within the limit
+// exhaust memory between them.
+at::Tensor Output(at::IntArrayRef shape, at::ScalarType type, const at::Tensor& like,
+                  int64_t also = 0) {
+  int64_t bytes = AddBytes(Bytes(shape, type), also);
+  if (like.scalar_type() != type) bytes = AddBytes(bytes, Bytes(shape, like.scalar_type()));
   const std::string what = "the output of shape " + ShapeText(shape);
   Run([&](roicore_error* err) { return roicore_check_allocation(bytes, what.c_str(), err); });
   return at::empty(shape, at::TensorOptions().dtype(type));
@@ -361,18 +377,20 @@ std::tuple<at::Tensor, at::Tensor> RoiPoolCpu(const at::Tensor& input, const at:
   CheckScale(op, spatial_scale);
   const Boxes b = ReadRois(op, rois, x.view.n, x.view.dtype);
   const roicore_exec exec = Exec(op, n_threads);
-  const at::Tensor out = Output({b.view.k, x.view.c, ph, pw}, x.data.scalar_type());
-  at::Tensor argmax;
   roicore_index_type argmax_type = ROICORE_INT32;
   if (need_argmax) {
     // h*W + w per plane, widened to int64 for planes of 2**31 - 1 pixels or more
     Run([&](roicore_error* err) {
       return roicore_max_pool_argmax_type(&rules, &x.view, &argmax_type, err);
     });
-    argmax = Output(out.sizes(), argmax_type == ROICORE_INT32 ? at::kInt : at::kLong);
-  } else {
-    argmax = at::empty({0}, at::kInt);
   }
+  const at::ScalarType index = argmax_type == ROICORE_INT32 ? at::kInt : at::kLong;
+  const std::vector<int64_t> shape{b.view.k, x.view.c, ph, pw};
+  // the argmax is checked with the output, and so allocated unchecked
+  const at::Tensor out = Output(shape, x.data.scalar_type(), input,
+                                need_argmax ? Bytes(shape, index) : 0);
+  const at::Tensor argmax = need_argmax ? at::empty(shape, at::TensorOptions().dtype(index))
+                                        : at::empty({0}, at::kInt);
   const roicore_out_tensor o = OutView(out);
   Run([&](roicore_error* err) {
     return roicore_roi_pool_max_forward(&rules, &x.view, &b.view, spatial_scale, &o,
@@ -409,7 +427,7 @@ at::Tensor RoiPoolBackwardCpu(const at::Tensor& grad, const at::Tensor& argmax_i
   const at::Tensor argmax =
       (type == at::kInt || type == at::kLong ? argmax_in : argmax_in.to(at::kLong)).contiguous();
   const roicore_exec exec = Exec(op, n_threads);
-  const at::Tensor dx = Output({n, c, h, w}, g.data.scalar_type());
+  const at::Tensor dx = Output({n, c, h, w}, g.data.scalar_type(), grad);
   const roicore_out_tensor d = OutView(dx);
   Run([&](roicore_error* err) {
     return roicore_roi_pool_max_backward(
@@ -433,7 +451,7 @@ at::Tensor RoiAlignCpu(const at::Tensor& input, const at::Tensor& rois, double s
   CheckSamplingRatio(op, sampling_ratio);
   const Boxes b = ReadRois(op, rois, x.view.n, x.view.dtype);
   const roicore_exec exec = Exec(op, n_threads);
-  const at::Tensor out = Output({b.view.k, x.view.c, ph, pw}, x.data.scalar_type());
+  const at::Tensor out = Output({b.view.k, x.view.c, ph, pw}, x.data.scalar_type(), input);
   const roicore_out_tensor o = OutView(out);
   Run([&](roicore_error* err) {
     return roicore_roi_align_forward(&rules, &x.view, &b.view, spatial_scale, sampling_ratio,
@@ -457,7 +475,7 @@ at::Tensor RoiAlignBackwardCpu(const at::Tensor& grad, const at::Tensor& rois,
   const Boxes b = ReadRois(op, rois, n, g.view.dtype);
   CheckGradShape(op, g, b.view.k, c);
   const roicore_exec exec = Exec(op, n_threads);
-  const at::Tensor dx = Output({n, c, h, w}, g.data.scalar_type());
+  const at::Tensor dx = Output({n, c, h, w}, g.data.scalar_type(), grad);
   const roicore_out_tensor d = OutView(dx);
   Run([&](roicore_error* err) {
     return roicore_roi_align_backward(&rules, &g.view, &b.view, spatial_scale, sampling_ratio,
@@ -478,7 +496,7 @@ at::Tensor PsRoiPoolCpu(const at::Tensor& input, const at::Tensor& rois, double 
   CheckScale(op, spatial_scale);
   const Boxes b = ReadRois(op, rois, x.view.n, x.view.dtype);
   const roicore_exec exec = Exec(op, n_threads);
-  const at::Tensor out = Output({b.view.k, d, ph, pw}, x.data.scalar_type());
+  const at::Tensor out = Output({b.view.k, d, ph, pw}, x.data.scalar_type(), input);
   const roicore_out_tensor o = OutView(out);
   Run([&](roicore_error* err) {
     return roicore_ps_roi_pool_forward(&rules, &x.view, &b.view, spatial_scale, ph, pw, &o,
@@ -502,7 +520,7 @@ at::Tensor PsRoiPoolBackwardCpu(const at::Tensor& grad, const at::Tensor& rois,
   const Boxes b = ReadRois(op, rois, n, g.view.dtype);
   CheckGradShape(op, g, b.view.k, d);
   const roicore_exec exec = Exec(op, n_threads);
-  const at::Tensor dx = Output({n, c, h, w}, g.data.scalar_type());
+  const at::Tensor dx = Output({n, c, h, w}, g.data.scalar_type(), grad);
   const roicore_out_tensor o = OutView(dx);
   Run([&](roicore_error* err) {
     return roicore_ps_roi_pool_backward(&rules, &g.view, &b.view, spatial_scale, ph, pw, &o,
@@ -525,7 +543,7 @@ at::Tensor PsRoiAlignCpu(const at::Tensor& input, const at::Tensor& rois, double
   CheckSamplingRatio(op, sampling_ratio);
   const Boxes b = ReadRois(op, rois, x.view.n, x.view.dtype);
   const roicore_exec exec = Exec(op, n_threads);
-  const at::Tensor out = Output({b.view.k, d, ph, pw}, x.data.scalar_type());
+  const at::Tensor out = Output({b.view.k, d, ph, pw}, x.data.scalar_type(), input);
   const roicore_out_tensor o = OutView(out);
   Run([&](roicore_error* err) {
     return roicore_ps_roi_align_forward(&rules, &x.view, &b.view, spatial_scale, sampling_ratio,
@@ -550,7 +568,7 @@ at::Tensor PsRoiAlignBackwardCpu(const at::Tensor& grad, const at::Tensor& rois,
   const Boxes b = ReadRois(op, rois, n, g.view.dtype);
   CheckGradShape(op, g, b.view.k, d);
   const roicore_exec exec = Exec(op, n_threads);
-  const at::Tensor dx = Output({n, c, h, w}, g.data.scalar_type());
+  const at::Tensor dx = Output({n, c, h, w}, g.data.scalar_type(), grad);
   const roicore_out_tensor o = OutView(dx);
   Run([&](roicore_error* err) {
     return roicore_ps_roi_align_backward(&rules, &g.view, &b.view, spatial_scale,

@@ -289,6 +289,31 @@ def test_memory_limit_is_roicore_cores(library):
         core.set_memory_limit(previous)
 
 
+@pytest.mark.parametrize("case", ["float16 output and its float32 sums", "output and argmax"])
+def test_memory_limit_counts_every_allocation_of_a_call(library, case):
+    """An output and what the call allocates beside it (the float32 result a float16 one is
+    rounded from; roi_pool's argmax) are checked together: each alone fits the limit
+    below, both do not."""
+    from roicore import core
+    x, rois = inputs()
+    k, c = rois.shape[0], x.shape[1]
+    if case.startswith("float16"):
+        x, rois = x.half(), rois.half()
+        call = lambda: torch.ops.roicore.roi_align(x, rois, 0.5, 20, 20, 2, False, None)  # noqa: E731
+        alone = k * c * 20 * 20 * 4  # the float32 output
+    else:
+        call = lambda: torch.ops.roicore.roi_pool(x, rois, 0.5, 20, 20, True, None)  # noqa: E731
+        alone = k * c * 20 * 20 * x.element_size()
+    previous = core.get_memory_limit()
+    core.set_memory_limit(alone + 100)
+    try:
+        with pytest.raises(torch.OutOfMemoryError, match=r"the output of shape \(7, 8, 20, 20\)"):
+            call()
+    finally:
+        core.set_memory_limit(previous)
+    assert call() is not None
+
+
 # ---------------------------------------------------------------------------------------
 # deployments: a fresh process with nothing but the library
 

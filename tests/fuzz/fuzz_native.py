@@ -1,5 +1,6 @@
 """Time-boxed fuzzing of roicore's native operators called directly: the TensorFlow op
-library's raw ops and roicore's Paddle operators, as a SavedModel or a Paddle program calls
+library's raw ops, roicore's Paddle operators and the torch op library's
+``torch.ops.roicore.*``, as a SavedModel, a Paddle program or a TorchScript file calls
 them, with no Python check in front.
 
 Each case, made from its seed alone: one operator (forward or gradient), inputs of random
@@ -11,7 +12,7 @@ negative scales, huge sampling ratios, thread counts).  An operator must return 
 the framework's error for bad input; a crash (an abort, a segfault), a hang past the time
 box or another exception is a failure.
 
-usage: python tests/fuzz/fuzz_native.py --framework tensorflow|paddle [--seconds S]
+usage: python tests/fuzz/fuzz_native.py --framework tensorflow|paddle|torch [--seconds S]
                                         [--workers W] [--seed N]
        python tests/fuzz/fuzz_native.py --framework F --case SEED   (replay one case;
                                         ROICORE_FUZZ_VERBOSE=1 prints its call)
@@ -147,7 +148,7 @@ def _tf_run(case, rng):
             valid = {"pooled_height": case["pooled"][0], "crop_height": case["pooled"][0],
                      "pooled_width": case["pooled"][1], "crop_width": case["pooled"][1],
                      "group_height": case["pooled"][0], "group_width": case["pooled"][1],
-                     "sampling_ratio": int(rng.integers(-1, 4)), "n_threads": 0}.get(attr.name, 1)
+                     "sampling_ratio": int(rng.integers(-1, 4)), "n_threads": 1}.get(attr.name, 1)
             attrs[attr.name] = _pick(rng, INTS, valid, hostile)
         elif attr.type == "float":
             attrs[attr.name] = _pick(rng, FLOATS, float(rng.choice([0.5, 1.0, 0.0625])), hostile)
@@ -246,18 +247,109 @@ def _paddle_run(case, rng):
 
 
 # ---------------------------------------------------------------------------------------
+# PyTorch
+
+TORCH_OPS = ["roi_pool", "roi_pool_backward", "roi_align", "roi_align_backward", "ps_roi_pool",
+             "ps_roi_pool_backward", "ps_roi_align", "ps_roi_align_backward"]
+
+
+def _torch_case(rng, np):
+    op = TORCH_OPS[int(rng.integers(len(TORCH_OPS)))]
+    # mostly plausible sizes, so that most cases reach the kernels; zeros sometimes
+    low = 0 if rng.random() < 0.1 else 1
+    N, H, W = (int(v) for v in (rng.integers(low, 3), rng.integers(low, 12),
+                                rng.integers(low, 12)))
+    K = int(rng.integers(0, 6))
+    P = (int(rng.integers(1, 4)), int(rng.integers(1, 4)))
+    # the position-sensitive ops take D * PH * PW input channels and give D
+    D = int(rng.integers(low, 4))
+    C, C_out = (D * P[0] * P[1], D) if op.startswith("ps_") else (D * 2, D * 2)
+    image, grads = (N, C, H, W), (K, C_out, P[0], P[1])
+    if rng.random() < 0.15:  # a rank or a size that does not fit
+        image = tuple(int(v) for v in rng.integers(0, 4, int(rng.integers(1, 6))))
+    if rng.random() < 0.15:
+        grads = tuple(int(v) for v in rng.integers(0, 4, int(rng.integers(1, 6))))
+    dtype = [np.float32, np.float64, np.float16, np.int32][int(rng.choice(4, p=[.5, .35, .1, .05]))]
+    return dict(op=op, dtype=dtype, image=image, grads=grads, K=K, n_images=N, pooled=P,
+                rois_columns=5 if rng.random() < 0.9 else int(rng.integers(0, 7)),
+                size=float(max(H, W, 1)))
+
+
+def _torch_run(case, rng):
+    import numpy as np
+    import torch
+    from roicore.adapters import torch as rt
+    assert rt.native_library() is not None, "the torch op library is not loaded"
+    overload = getattr(torch.ops.roicore, case["op"]).default
+    K, N, (PH, PW) = case["K"], case["n_images"], case["pooled"]
+    dtype = case["dtype"]
+    rois = np.concatenate([
+        _values(rng, np, "indices", np.int64, (K, 1), N, case["size"]).astype(np.float64),
+        _values(rng, np, "boxes", np.float64, (K, 4), N, case["size"])], axis=1)
+    if case["rois_columns"] != 5:
+        rois = rng.uniform(0, case["size"], (K, case["rois_columns"]))
+    tensors = {
+        "input": _values(rng, np, "feature", np.float64, case["image"], N, case["size"]),
+        "grad": _values(rng, np, "feature", np.float64, case["grads"], N, case["size"]),
+        "rois": rois,
+        "argmax": _values(rng, np, "argmax", np.int32, case["grads"], N, case["size"]),
+    }
+    image = case["image"] if len(case["image"]) == 4 else (N, 1, 1, 1)
+    valid = {"pooled_height": PH, "pooled_width": PW, "batch_size": image[0],
+             "channels": image[1], "height": image[2], "width": image[3],
+             "sampling_ratio": int(rng.integers(-1, 4)), "n_threads": 1}
+    hostile = rng.random() < 0.5
+    args = []
+    for arg in overload._schema.arguments:
+        kind = str(arg.type)
+        if kind == "Tensor":
+            a = tensors[arg.name]
+            if arg.name != "argmax":
+                with np.errstate(all="ignore"):  # far coordinates overflow float16: on purpose
+                    a = a.astype(dtype if rng.random() < 0.95 else np.float32)
+            t = torch.from_numpy(np.ascontiguousarray(a))
+            if rng.random() < 0.05 and t.dim() > 1:
+                t = t.transpose(0, -1)  # strided
+            args.append(t)
+        elif kind == "float":
+            args.append(_pick(rng, FLOATS, float(rng.choice([0.5, 1.0, 0.0625])), hostile))
+        elif kind == "bool":
+            args.append(bool(rng.random() < 0.5))
+        elif kind == "Optional[SymInt]":
+            args.append(None if rng.random() < 0.5 else _pick(rng, INTS, 1, hostile))
+        else:  # SymInt
+            args.append(_pick(rng, INTS, valid.get(arg.name, 1), hostile))
+    named = {a.name: v for a, v in zip(overload._schema.arguments, args)}
+    if named.get("sampling_ratio", 0) > 4:
+        named["sampling_ratio"] = int(rng.choice([-(2**31), -7, 1025, 2**31 - 1]))
+        args = list(named.values())
+    if os.environ.get("ROICORE_FUZZ_VERBOSE"):
+        print(case["op"], [(str(a.dtype), tuple(a.shape)) if isinstance(a, torch.Tensor) else a
+                           for a in args], flush=True)
+    try:
+        overload(*args)
+    except (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError):
+        return "rejected"  # torch's errors (c10 errors are RuntimeError and its subclasses)
+    return "ok"
+
+
+# ---------------------------------------------------------------------------------------
+
+_CASES = {"tensorflow": _tf_case, "paddle": _paddle_case, "torch": _torch_case}
+_RUNS = {"tensorflow": _tf_run, "paddle": _paddle_run, "torch": _torch_run}
+
 
 def make_case(seed):
     import numpy as np
     rng = np.random.default_rng([seed, 7])
-    return (_tf_case if _framework() == "tensorflow" else _paddle_case)(rng, np)
+    return _CASES[_framework()](rng, np)
 
 
 def run_case(seed):
     import numpy as np
     case = make_case(seed)
     rng = np.random.default_rng([seed, 8])
-    run = _tf_run if _framework() == "tensorflow" else _paddle_run
+    run = _RUNS[_framework()]
     try:
         return run(case, rng)
     except Exception as exc:  # an exception the operator should not raise
@@ -270,8 +362,8 @@ def main(argv=None):
         i = argv.index("--framework")
         os.environ[_FRAMEWORK] = argv[i + 1]
         del argv[i:i + 2]
-    if os.environ.get(_FRAMEWORK) not in ("tensorflow", "paddle"):
-        print("fuzz_native: --framework tensorflow or paddle is required", file=sys.stderr)
+    if os.environ.get(_FRAMEWORK) not in _CASES:
+        print("fuzz_native: --framework tensorflow, paddle or torch is required", file=sys.stderr)
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return supervise.main(__file__, __doc__, run_case, make_case, argv)
