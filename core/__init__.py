@@ -8,6 +8,8 @@ Operators (forward and backward, float16/32/64):
 * :func:`psroi_pool` -- position-sensitive RoI pooling (R-FCN)
 * :func:`roi_align` -- RoIAlign (Mask R-CNN)
 * :func:`ps_roi_align` -- position-sensitive RoIAlign (Light-Head R-CNN)
+* :func:`pyramid_roi_align` -- RoIAlign from a feature pyramid (FPN), each box from the
+  level its size assigns, with every framework's level rule (:mod:`roicore.core.pyramid`)
 
 Each takes a ``convention`` naming the framework whose arithmetic to reproduce bit for bit
 (see :mod:`roicore.core.conventions`).  :mod:`roicore.core.args` holds the checks and
@@ -37,7 +39,7 @@ except ImportError as exc:  # pragma: no cover - exercised only by broken instal
         "installed package, not the checkout, is imported."
     ) from exc
 
-from . import args, conventions, operators
+from . import args, conventions, operators, pyramid
 from ._memory import (
     get_memory_limit, output_cache_stats, release_output_cache, set_memory_limit,
     set_output_cache_limit,
@@ -47,13 +49,15 @@ from .ops import (
     ps_roi_align, ps_roi_align_backward, psroi_pool, psroi_pool_backward, roi_align,
     roi_align_backward, roi_pool, roi_pool_backward, roi_pool_boxes_backward,
 )
+from .pyramid import pyramid_levels, pyramid_roi_align, pyramid_roi_align_backward
 
 __version__ = _binding.VERSION  # the C library's (roicore.h ROICORE_VERSION_STRING)
 
 __all__ = [
     "roi_pool", "roi_pool_backward", "roi_pool_boxes_backward", "psroi_pool",
     "psroi_pool_backward", "roi_align", "roi_align_backward", "ps_roi_align",
-    "ps_roi_align_backward", "conventions", "args", "operators", "openmp_enabled", "effective_n_threads",
+    "ps_roi_align_backward", "pyramid_levels", "pyramid_roi_align", "pyramid_roi_align_backward",
+    "conventions", "pyramid", "args", "operators", "openmp_enabled", "effective_n_threads",
     "set_output_cache_limit", "release_output_cache", "output_cache_stats",
     "get_memory_limit", "set_memory_limit", "get_include", "get_library_dir", "get_link_args",
     "get_runtime",

@@ -97,6 +97,13 @@ _CODES = {
     "PSRoIAlignRules": {
         "scale_precision": {"input": ROICORE_PRECISION_INPUT, "float32": ROICORE_PRECISION_FLOAT32},
     },
+    "LevelRules": {
+        "pixel_offset": {False: 0, True: 1},
+        "epsilon": {"1e-6": ROICORE_LEVEL_EPSILON_1E6, "1e-8": ROICORE_LEVEL_EPSILON_1E8},
+        "epsilon_inside": {False: 0, True: 1},
+        "invalid": {"nan": ROICORE_LEVEL_INVALID_NAN, "zero": ROICORE_LEVEL_INVALID_ZERO,
+                    "skip": ROICORE_LEVEL_INVALID_SKIP},
+    },
 }
 # (fields the C API knows, fields every stored array has) per rules type
 RULES_FIELDS = {
@@ -105,6 +112,7 @@ RULES_FIELDS = {
     "PSRoIPoolRules": (ROICORE_PS_ROI_POOL_RULES_FIELDS, ROICORE_PS_ROI_POOL_RULES_REQUIRED),
     "RoIAlignRules": (ROICORE_ROI_ALIGN_RULES_FIELDS, ROICORE_ROI_ALIGN_RULES_REQUIRED),
     "PSRoIAlignRules": (ROICORE_PS_ROI_ALIGN_RULES_FIELDS, ROICORE_PS_ROI_ALIGN_RULES_REQUIRED),
+    "LevelRules": (ROICORE_LEVEL_RULES_FIELDS, ROICORE_LEVEL_RULES_REQUIRED),
 }
 _code_cache = {}
 
@@ -143,6 +151,7 @@ ctypedef union _Rules:
     roicore_ps_roi_pool_rules ps_roi_pool
     roicore_roi_align_rules roi_align
     roicore_ps_roi_align_rules ps_roi_align
+    roicore_level_rules levels
 
 
 cdef _Rules _rules(object rules) except *:
@@ -164,6 +173,8 @@ cdef _Rules _rules(object rules) except *:
         status = roicore_ps_roi_pool_rules_from_array(f, n, &r.ps_roi_pool, &e)
     elif kind == "RoIAlignRules":
         status = roicore_roi_align_rules_from_array(f, n, &r.roi_align, &e)
+    elif kind == "LevelRules":
+        status = roicore_level_rules_from_array(f, n, &r.levels, &e)
     else:
         status = roicore_ps_roi_align_rules_from_array(f, n, &r.ps_roi_align, &e)
     if status != ROICORE_OK:
@@ -194,6 +205,8 @@ def rules_from_codes(kind, codes):
         status = roicore_roi_align_rules_from_array(f, n, &r.roi_align, &e)
     elif kind == "PSRoIAlignRules":
         status = roicore_ps_roi_align_rules_from_array(f, n, &r.ps_roi_align, &e)
+    elif kind == "LevelRules":
+        status = roicore_level_rules_from_array(f, n, &r.levels, &e)
     else:
         raise ValueError(f"unknown rules type {kind!r}")
     if status != ROICORE_OK:
@@ -487,6 +500,87 @@ def roi_align_backward(rules, grad_output, coords, batch, double spatial_scale,
     with nogil:
         status = roicore_roi_align_backward(&r.roi_align, &tg, &b, spatial_scale, sampling_ratio,
                                             aligned, &tdx, &call.exec, &call.err)
+    call.check(status)
+
+
+cdef roicore_pyramid _pyramid(object scales, int64_t first_level, int64_t canonical_level,
+                              double canonical_size) except *:
+    """A pyramid over `scales`, a float64 (L,) array the caller keeps alive."""
+    cdef roicore_pyramid p
+    memset(&p, 0, sizeof(p))
+    if scales.ndim != 1 or scales.dtype != np.float64 or not scales.flags.c_contiguous:
+        raise TypeError(f"spatial_scales must be a contiguous 1-D float64 array, got "
+                        f"{scales.dtype} of shape {scales.shape}")
+    p.n_levels = scales.shape[0]
+    p.first_level = first_level
+    p.canonical_level = canonical_level
+    p.canonical_size = canonical_size
+    p.spatial_scales = <const double *>_data(scales) if p.n_levels else NULL
+    return p
+
+
+def pyramid_levels(level_rules, scales, int64_t first_level, int64_t canonical_level,
+                   double canonical_size, coords, batch, levels, bint masked=False):
+    cdef _Rules lr = _rules(level_rules)
+    cdef roicore_pyramid p = _pyramid(scales, first_level, canonical_level, canonical_size)
+    cdef roicore_boxes b = _boxes(coords, batch, masked, _float_dtype(coords, "coords"))
+    if levels.shape != (b.k,) or levels.dtype != np.int64:
+        raise ValueError(f"levels must be int64 of shape ({b.k},), got {levels.dtype} of shape "
+                         f"{levels.shape}")
+    cdef int64_t *out = <int64_t *>_writable(levels)
+    cdef roicore_error e
+    cdef roicore_status status = roicore_pyramid_levels(&lr.levels, &p,
+                                                        _float_dtype(coords, "coords"), &b, out,
+                                                        &e)
+    if status != ROICORE_OK:
+        raise _exception(status, &e)
+
+
+def pyramid_roi_align_forward(rules, level_rules, scales, int64_t first_level,
+                              int64_t canonical_level, double canonical_size, maps, coords, batch,
+                              int64_t sampling_ratio, bint aligned, out, int n_threads,
+                              bint masked=False):
+    cdef _Rules r = _rules(rules), lr = _rules(level_rules)
+    cdef roicore_pyramid p = _pyramid(scales, first_level, canonical_level, canonical_size)
+    if len(maps) != p.n_levels or p.n_levels > 64 or p.n_levels < 1:
+        raise ValueError(f"maps must number as the scales, 1 to 64, got {len(maps)} maps and "
+                         f"{p.n_levels} scales")
+    cdef roicore_tensor tm[64]
+    cdef Py_ssize_t i
+    for i in range(p.n_levels):
+        tm[i] = _tensor(maps[i], f"maps[{i}]")
+    cdef roicore_out_tensor to = _out(out)
+    cdef roicore_boxes b = _boxes(coords, batch, masked, tm[0].dtype)
+    cdef _Call call = _Call(n_threads)
+    cdef roicore_status status
+    with nogil:
+        status = roicore_pyramid_roi_align_forward(&r.roi_align, &lr.levels, &p, tm, &b,
+                                                   sampling_ratio, aligned, &to, &call.exec,
+                                                   &call.err)
+    call.check(status)
+
+
+def pyramid_roi_align_backward(rules, level_rules, scales, int64_t first_level,
+                               int64_t canonical_level, double canonical_size, grad_output,
+                               coords, batch, int64_t sampling_ratio, bint aligned, grad_maps,
+                               int n_threads, bint masked=False):
+    cdef _Rules r = _rules(rules), lr = _rules(level_rules)
+    cdef roicore_pyramid p = _pyramid(scales, first_level, canonical_level, canonical_size)
+    if len(grad_maps) != p.n_levels or p.n_levels > 64 or p.n_levels < 1:
+        raise ValueError(f"grad_maps must number as the scales, 1 to 64, got {len(grad_maps)} "
+                         f"and {p.n_levels} scales")
+    cdef roicore_out_tensor td[64]
+    cdef Py_ssize_t i
+    for i in range(p.n_levels):
+        td[i] = _out(grad_maps[i], f"grad_maps[{i}]")
+    cdef roicore_tensor tg = _tensor(grad_output, "grad_output")
+    cdef roicore_boxes b = _boxes(coords, batch, masked, tg.dtype)
+    cdef _Call call = _Call(n_threads)
+    cdef roicore_status status
+    with nogil:
+        status = roicore_pyramid_roi_align_backward(&r.roi_align, &lr.levels, &p, &tg, &b,
+                                                    sampling_ratio, aligned, td, &call.exec,
+                                                    &call.err)
     call.check(status)
 
 

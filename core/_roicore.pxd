@@ -22,6 +22,8 @@ cdef extern from "roicore.h" nogil:
         ROICORE_ROI_ALIGN_RULES_REQUIRED
         ROICORE_PS_ROI_ALIGN_RULES_FIELDS
         ROICORE_PS_ROI_ALIGN_RULES_REQUIRED
+        ROICORE_LEVEL_RULES_FIELDS
+        ROICORE_LEVEL_RULES_REQUIRED
     const char *ROICORE_VERSION_STRING
     double ROICORE_MAX_SCALED_COORD
 
@@ -68,6 +70,8 @@ cdef extern from "roicore.h" nogil:
         ROICORE_EMPTY_GRID_ZERO, ROICORE_EMPTY_GRID_NAN
         ROICORE_REDUCTION_MEAN, ROICORE_REDUCTION_SUM
         ROICORE_PS_ROI_POOL_FORMULA_RFCN, ROICORE_PS_ROI_POOL_FORMULA_TORCHVISION
+        ROICORE_LEVEL_EPSILON_1E6, ROICORE_LEVEL_EPSILON_1E8
+        ROICORE_LEVEL_INVALID_NAN, ROICORE_LEVEL_INVALID_ZERO, ROICORE_LEVEL_INVALID_SKIP
     ctypedef struct roicore_max_pool_rules:
         pass
     ctypedef struct roicore_bilinear_pool_rules:
@@ -79,6 +83,12 @@ cdef extern from "roicore.h" nogil:
         pass
     ctypedef struct roicore_ps_roi_align_rules:
         pass
+    ctypedef struct roicore_level_rules:
+        pass
+    ctypedef struct roicore_pyramid:
+        int64_t n_levels, first_level, canonical_level
+        double canonical_size
+        const double *spatial_scales
 
     roicore_status roicore_max_pool_rules_from_array(const int64_t *fields, int64_t n,
                                                      roicore_max_pool_rules *rules,
@@ -95,6 +105,8 @@ cdef extern from "roicore.h" nogil:
     roicore_status roicore_ps_roi_align_rules_from_array(const int64_t *fields, int64_t n,
                                                          roicore_ps_roi_align_rules *rules,
                                                          roicore_error *err)
+    roicore_status roicore_level_rules_from_array(const int64_t *fields, int64_t n,
+                                                  roicore_level_rules *rules, roicore_error *err)
 
     roicore_status roicore_batch_from_column(const void *column, roicore_dtype dtype,
                                              int64_t stride, int64_t k, int64_t n_images,
@@ -188,6 +200,26 @@ cdef extern from "roicore.h" nogil:
                                                  int64_t sampling_ratio,
                                                  const roicore_out_tensor *grad_input,
                                                  const roicore_exec *exec, roicore_error *err)
+    roicore_status roicore_pyramid_levels(const roicore_level_rules *level_rules,
+                                          const roicore_pyramid *pyramid, roicore_dtype dtype,
+                                          const roicore_boxes *boxes, int64_t *levels,
+                                          roicore_error *err)
+    roicore_status roicore_pyramid_roi_align_forward(const roicore_roi_align_rules *rules,
+                                                     const roicore_level_rules *level_rules,
+                                                     const roicore_pyramid *pyramid,
+                                                     const roicore_tensor *maps,
+                                                     const roicore_boxes *boxes,
+                                                     int64_t sampling_ratio, int aligned,
+                                                     const roicore_out_tensor *out,
+                                                     const roicore_exec *exec, roicore_error *err)
+    roicore_status roicore_pyramid_roi_align_backward(const roicore_roi_align_rules *rules,
+                                                      const roicore_level_rules *level_rules,
+                                                      const roicore_pyramid *pyramid,
+                                                      const roicore_tensor *grad_output,
+                                                      const roicore_boxes *boxes,
+                                                      int64_t sampling_ratio, int aligned,
+                                                      const roicore_out_tensor *grad_maps,
+                                                      const roicore_exec *exec, roicore_error *err)
 
     int roicore_abi_version()
     int roicore_version_number()

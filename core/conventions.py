@@ -16,6 +16,7 @@ from typing import Literal, Union
 
 __all__ = [
     "MaxPoolRules", "BilinearPoolRules", "PSRoIPoolRules", "RoIAlignRules", "PSRoIAlignRules",
+    "LevelRules", "LEVELS",
     "MAX_POOL", "BILINEAR_POOL", "PSROI_POOL", "ROI_ALIGN", "PSROI_ALIGN", "resolve",
 ]
 
@@ -165,6 +166,36 @@ class PSRoIAlignRules:
     scale_precision: Literal["float32", "input"]
 
 
+@dataclass(frozen=True)
+class LevelRules:
+    """Which level of a feature pyramid (FPN) a box is pooled from.
+
+    With ``w = x2 - x1`` and ``h = y2 - y1`` (plus 1 each with ``pixel_offset``),
+    ``s = sqrt(w * h)``, the canonical level ``k0`` and size ``s0`` (224 and level 4 in the
+    FPN paper), a box's level is ``floor(log2(s / s0 + eps) + k0)`` with ``epsilon_inside``,
+    else ``floor((k0 + log2(s / s0)) + eps)``, each step rounded to the boxes' dtype, then
+    clamped to the pyramid's levels.
+
+    pixel_offset
+        Widths and heights ``x2 - x1 + 1`` (Paddle's ``pixel_offset``, GluonCV).
+    epsilon
+        ``"1e-6"`` or ``"1e-8"``, held in the boxes' dtype.
+    epsilon_inside
+        Whether ``eps`` is added to ``s / s0`` (detectron2, mmdet, Paddle, GluonCV,
+        OpenVINO) or to the level (torchvision).
+    invalid
+        A reversed box: ``"nan"``, its negative area's square root is NaN and the box is
+        pooled from no level (its output is 0), as the frameworks' tensor code computes it;
+        ``"zero"``, its area is 0, so the lowest level (Paddle's ``BBoxArea``); ``"skip"``,
+        a box of area <= 0 is not pooled (OpenVINO).
+    """
+
+    pixel_offset: bool
+    epsilon: Literal["1e-6", "1e-8"]
+    epsilon_inside: bool
+    invalid: Literal["nan", "zero", "skip"]
+
+
 MAX_POOL = {
     "mxnet": MaxPoolRules("input", "float32", "-FLT_MAX", "greater", "global", "int32"),
     "paddle": MaxPoolRules("float32", "float32", "lowest", "greater", "plane", "int64"),
@@ -196,7 +227,19 @@ PSROI_ALIGN = {
     "torchvision": PSRoIAlignRules("input"),
 }
 
-Rules = Union[MaxPoolRules, BilinearPoolRules, PSRoIPoolRules, RoIAlignRules, PSRoIAlignRules]
+# The level rule of each framework's FPN pooler; their usual k0 and s0 are in
+# roicore.core.pyramid.
+LEVELS = {
+    "torchvision": LevelRules(False, "1e-6", False, "nan"),    # MultiScaleRoIAlign
+    "detectron2": LevelRules(False, "1e-8", True, "nan"),      # ROIPooler
+    "mmdet": LevelRules(False, "1e-6", True, "nan"),           # SingleRoIExtractor
+    "paddle": LevelRules(True, "1e-8", True, "zero"),          # distribute_fpn_proposals
+    "gluoncv": LevelRules(True, "1e-6", True, "nan"),          # _pyramid_roi_feats
+    "openvino": LevelRules(False, "1e-6", True, "skip"),       # ExperimentalDetectronROIFeatureExtractor
+}
+
+Rules = Union[MaxPoolRules, BilinearPoolRules, PSRoIPoolRules, RoIAlignRules, PSRoIAlignRules,
+              LevelRules]
 
 
 def resolve(convention, table: dict, rules_type: type, op: str):

@@ -1068,3 +1068,49 @@ def numeric_grad(f, x, eps=1e-6):
         x[idx] = orig
         grad[idx] = (fp - fm) / (2.0 * eps)
     return grad
+
+
+# ---------------------------------------------------------------------------------------
+# feature pyramids
+
+def pyramid_level(box, rules, k0, s0, first_level, n_levels, T):
+    """The map index of ``box`` [x1, y1, x2, y2] by a ``LevelRules`` written from the
+    frameworks' formulas, each step rounded to T; -1: not pooled."""
+    x1, y1, x2, y2 = (T(v) for v in box)
+    one = T(1)
+    if rules.invalid == "zero" and (x2 < x1 or y2 < y1):
+        area = T(0)
+    else:
+        w, h = T(x2 - x1), T(y2 - y1)
+        if rules.pixel_offset:
+            w, h = T(w + one), T(h + one)
+        area = T(w * h)
+    if rules.invalid == "skip" and not area > 0:
+        return -1
+    if n_levels == 1:
+        return 0
+    eps = T(1e-6 if rules.epsilon == "1e-6" else 1e-8)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        s = T(np.sqrt(area))
+        if rules.epsilon_inside:
+            v = T(T(np.log2(T(T(s / T(s0)) + eps))) + T(k0))
+        else:
+            v = T(T(T(k0) + T(np.log2(T(s / T(s0))))) + eps)
+    v = np.floor(v)
+    if np.isnan(v):
+        return -1
+    return int(min(max(v, first_level), first_level + n_levels - 1)) - first_level
+
+
+def pyramid_roi_align(maps, boxes, batch, output_size, scales, sampling_ratio, aligned, rules,
+                      level_rules, k0, s0, first_level):
+    """Each box pooled alone by :func:`roi_align` from its level's map, 0 where none."""
+    T = _real_type(maps[0])
+    PH, PW = _pair(output_size)
+    out = np.zeros((len(boxes), maps[0].shape[1], PH, PW), T)
+    for k, box in enumerate(boxes):
+        level = pyramid_level(box, level_rules, k0, s0, first_level, len(maps), T)
+        if level >= 0 and batch[k] >= 0:
+            out[k] = roi_align(maps[level], np.asarray(box)[None], [batch[k]], output_size,
+                               scales[level], sampling_ratio, aligned, rules)[0]
+    return out

@@ -89,6 +89,9 @@ static inline void roicore_region_include(int64_t *region, int64_t n, int64_t r0
         void (*pool)(const void *op, roicore_fwd_task_##SFX *task);                            \
         int rows;                    /* one sample per bin: NHWC in and out take all their */ \
                                      /* channels as one block, read x's pixel rows in place */\
+        int64_t k;                   /* with out_rows: the boxes, box k writing out's row */  \
+        const int64_t *out_rows;     /* out_rows[k] (a pyramid level's boxes); NULL: out->n */\
+                                     /* boxes, box k writing row k */                         \
     } roicore_fwd_job_##SFX;                                                                   \
                                                                                                \
     typedef struct {                                                                           \
@@ -104,6 +107,8 @@ static inline void roicore_region_include(int64_t *region, int64_t n, int64_t r0
         const int64_t *batch;                                                                  \
         const void *op;                                                                        \
         void (*add)(const void *op, roicore_bwd_task_##SFX *task);                             \
+        int64_t k;                   /* with g_rows: the boxes, box k's gradient in row */    \
+        const int64_t *g_rows;       /* g_rows[k] of grad_output; NULL: row k of g->n */      \
     } roicore_bwd_job_##SFX;                                                                   \
                                                                                                \
     int roicore_blocked_forward_##SFX(const roicore_fwd_job_##SFX *job, roicore_run *run,      \

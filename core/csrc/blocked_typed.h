@@ -71,7 +71,7 @@ int ROICORE_CAT(roicore_blocked_forward, SFX)(const FWD_JOB *job, roicore_run *r
                                               roicore_error *err) {
     const roicore_tensor *x = job->x, *out = job->out;
     const int64_t N = x->n, C = x->c, HW = x->h * x->w;
-    const int64_t K = out->n, PW = out->w, P = out->h * out->w;
+    const int64_t K = job->out_rows ? job->k : out->n, PW = out->w, P = out->h * out->w;
     if (K == 0 || C == 0) return ROICORE_OK;
     const int nhwc = out->layout == ROICORE_NHWC;
     const int rows = job->rows && nhwc && x->layout == ROICORE_NHWC;
@@ -154,9 +154,10 @@ int ROICORE_CAT(roicore_blocked_forward, SFX)(const FWD_JOB *job, roicore_run *r
             }
             npend = 0;
             const int64_t base = b < 0 ? 0 : (b * C + c0) * HW;
+            const int64_t row = job->out_rows ? job->out_rows[k] : k;  /* box k's in out */
             T *data = (T *)ROICORE_WRITABLE(out);
             if (!nhwc) {
-                T *dst = data + (k * C + c0) * P + p0;
+                T *dst = data + (row * C + c0) * P + p0;
                 if (stream) {
                     TRANSPOSE(acc, lanes, nbins, nb, buf[1], nbins, 0);
                     roicore_pending_set(&pend[npend++], dst, P * (int64_t)sizeof(T), buf[1],
@@ -166,7 +167,7 @@ int ROICORE_CAT(roicore_blocked_forward, SFX)(const FWD_JOB *job, roicore_run *r
                     TRANSPOSE(acc, lanes, nbins, nb, dst, P, 0);
                 }
             } else {
-                T *dst = data + (k * P + p0) * C + c0;
+                T *dst = data + (row * P + p0) * C + c0;
                 if (stream)
                     roicore_pending_set(&pend[npend++], dst, C * (int64_t)sizeof(T), acc,
                                         lanes * (int64_t)sizeof(T), nbins,
@@ -178,7 +179,7 @@ int ROICORE_CAT(roicore_blocked_forward, SFX)(const FWD_JOB *job, roicore_run *r
             if (want_arg) {
                 char *am = (char *)job->argmax;
                 if (!nhwc) {
-                    char *dst = am + ((k * C + c0) * P + p0) * isz;
+                    char *dst = am + ((row * C + c0) * P + p0) * isz;
                     void *to = stream ? arg_staged : (void *)dst;
                     const int64_t stride = stream ? nbins : P;
                     if (itype == ROICORE_INT32)
@@ -191,7 +192,7 @@ int ROICORE_CAT(roicore_blocked_forward, SFX)(const FWD_JOB *job, roicore_run *r
                         roicore_pending_set(&pend[npend++], dst, P * isz, arg_staged, nbins * isz,
                                             nb, nbins * isz, steps);
                 } else {
-                    char *dst = am + ((k * P + p0) * C + c0) * isz;
+                    char *dst = am + ((row * P + p0) * C + c0) * isz;
                     ROICORE_CAT(argmax_rows, SFX)(arg, lanes, nbins, nb, arg_staged, itype,
                                                   global64 && b >= 0, base, HW);
                     if (stream)
@@ -213,7 +214,7 @@ int ROICORE_CAT(roicore_blocked_backward, SFX)(const BWD_JOB *job, roicore_run *
                                                roicore_error *err) {
     const roicore_tensor *g = job->grad_output, *dx = job->grad_input;
     const int64_t N = dx->n, C = dx->c, HW = dx->h * dx->w;
-    const int64_t K = g->n, P = g->h * g->w;
+    const int64_t K = job->g_rows ? job->k : g->n, P = g->h * g->w;
     T *dxdata = (T *)ROICORE_WRITABLE(dx);
     const T *gdata = (const T *)g->data;
     if (K == 0 || C == 0) {  /* nothing to add (and dx may hold no elements, and no data) */
@@ -249,13 +250,14 @@ int ROICORE_CAT(roicore_blocked_backward, SFX)(const BWD_JOB *job, roicore_run *
             memset(acc, 0, (size_t)((HW + chunk) * lanes) * sizeof(T));  /* gb's padding stays 0 */
             for (int64_t k = 0; k < K; ++k) {
                 if (job->batch[k] != n) continue;  /* another image's, or masked (-1) */
+                const int64_t row = job->g_rows ? job->g_rows[k] : k;  /* box k's in g */
                 for (int64_t p0 = 0; p0 < P; p0 += chunk) {
                     if (roicore_stopping(run)) break;
                     const int64_t nbins = roicore_min64(chunk, P - p0);
                     if (nchw_g)
-                        TRANSPOSE(gdata + (k * C + c0) * P + p0, P, nb, nbins, gb, lanes, 0);
+                        TRANSPOSE(gdata + (row * C + c0) * P + p0, P, nb, nbins, gb, lanes, 0);
                     else
-                        roicore_copy_rows(gdata + (k * P + p0) * C + c0, C, nbins, nb, gb, lanes, nb,
+                        roicore_copy_rows(gdata + (row * P + p0) * C + c0, C, nbins, nb, gb, lanes, nb,
                                           sizeof(T));
                     BWD_TASK t = {k, p0, p0 + nbins, c0, nb, lanes, gb, acc, run};
                     job->add(job->op, &t);

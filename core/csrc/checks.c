@@ -428,6 +428,10 @@ static const field_spec ROI_ALIGN_FIELDS[ROICORE_ROI_ALIGN_RULES_FIELDS] = {
 static const field_spec PS_ROI_ALIGN_FIELDS[ROICORE_PS_ROI_ALIGN_RULES_FIELDS] = {
     {"scale_precision", 0, 1, 0},
 };
+static const field_spec LEVEL_FIELDS[ROICORE_LEVEL_RULES_FIELDS] = {
+    {"pixel_offset", 0, 1, 0}, {"epsilon", 0, 1, 0}, {"epsilon_inside", 0, 1, 0},
+    {"invalid", 0, 2, 0},
+};
 
 /* Checks `values` (every field of a struct, in order) against `spec`, and that the struct's
  * `n_reserved` reserved words are zero. */
@@ -502,6 +506,12 @@ int roicore_check_ps_roi_align_rules(const roicore_ps_roi_align_rules *r, roicor
     CHECK_RULES("PSRoIAlignRules", PS_ROI_ALIGN_FIELDS, r->scale_precision);
 }
 
+int roicore_check_level_rules(const roicore_level_rules *r, roicore_error *err) {
+    if (!r) return roicore_fail(err, ROICORE_ERR_ARGUMENT, "level rules are missing (NULL)");
+    CHECK_RULES("LevelRules", LEVEL_FIELDS, r->pixel_offset, r->epsilon, r->epsilon_inside,
+                r->invalid);
+}
+
 /* Reads an array into a zeroed struct `r` with the given field assignments, range-checking
  * the values before they are cast to the fields' types, then the struct itself. */
 #define RULES_FROM_ARRAY(what, SPEC, COUNT, REQUIRED, CHECK, ...)                             \
@@ -563,6 +573,14 @@ roicore_status roicore_ps_roi_align_rules_from_array(const int64_t *f, int64_t n
     RULES_FROM_ARRAY("PSRoIAlignRules", PS_ROI_ALIGN_FIELDS, ROICORE_PS_ROI_ALIGN_RULES_FIELDS,
                      ROICORE_PS_ROI_ALIGN_RULES_REQUIRED, roicore_check_ps_roi_align_rules,
                      r->scale_precision = (roicore_precision)v[0]);
+}
+
+roicore_status roicore_level_rules_from_array(const int64_t *f, int64_t n,
+                                              roicore_level_rules *r, roicore_error *err) {
+    RULES_FROM_ARRAY("LevelRules", LEVEL_FIELDS, ROICORE_LEVEL_RULES_FIELDS,
+                     ROICORE_LEVEL_RULES_REQUIRED, roicore_check_level_rules,
+                     r->pixel_offset = (int32_t)v[0]; r->epsilon = (roicore_level_epsilon)v[1];
+                     r->epsilon_inside = (int32_t)v[2]; r->invalid = (roicore_level_invalid)v[3]);
 }
 
 /* ------------------------------------------------------------------------ operators */

@@ -52,6 +52,7 @@ int roicore_check_bilinear_pool_rules(const roicore_bilinear_pool_rules *r, roic
 int roicore_check_ps_roi_pool_rules(const roicore_ps_roi_pool_rules *r, roicore_error *err);
 int roicore_check_roi_align_rules(const roicore_roi_align_rules *r, roicore_error *err);
 int roicore_check_ps_roi_align_rules(const roicore_ps_roi_align_rules *r, roicore_error *err);
+int roicore_check_level_rules(const roicore_level_rules *r, roicore_error *err);
 
 /* A position-sensitive map of out_channels * GH * GW channels (GH x GW: the group size). */
 int roicore_check_ps_channels(const roicore_tensor *map, int64_t out_channels, int64_t GH,

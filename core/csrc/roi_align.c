@@ -1,12 +1,13 @@
 /* RoIAlign (Mask R-CNN), forward and backward (roi_align_typed.h holds the arithmetic,
  * written once for both dtypes). */
+#include "roi_align.h"
 #include "blocked.h"
 #include "checks.h"
 
 #define ROICORE_TYPED "roi_align_typed.h"
 #include "dtypes.h"
 
-static int check_align_args(int64_t sampling_ratio, int aligned, roicore_error *err) {
+int roicore_check_align_args(int64_t sampling_ratio, int aligned, roicore_error *err) {
     if (sampling_ratio > ROICORE_MAX_SAMPLING_RATIO)
         return roicore_fail(err, ROICORE_ERR_ARGUMENT,
                             "sampling_ratio must be <= %d (at most 2**20 samples per bin), got %lld",
@@ -27,7 +28,7 @@ roicore_status roicore_roi_align_forward(const roicore_roi_align_rules *rules,
     double scale;
     if ((rc = roicore_check_roi_align_rules(rules, err)) ||
         (rc = roicore_check_forward(exec, x, boxes, x ? x->c : 0, out, err)) ||
-        (rc = check_align_args(sampling_ratio, aligned, err)) ||
+        (rc = roicore_check_align_args(sampling_ratio, aligned, err)) ||
         (rc = roicore_held_scale(spatial_scale, rules->scale_precision, x->dtype, &scale, err)) ||
         (rc = roicore_check_coord_range(boxes, x->dtype, scale, scale, err)))
         return (roicore_status)rc;
@@ -35,11 +36,8 @@ roicore_status roicore_roi_align_forward(const roicore_roi_align_rules *rules,
     roicore_run run;
     roicore_run_init(&run, exec);
     roicore_advise_output(ROICORE_WRITABLE(out), roicore_tensor_bytes(out));
-    if (x->dtype == ROICORE_FLOAT32)
-        return (roicore_status)align_run_f32(1, rules, x, out, boxes, scale, sampling_ratio,
-                                             aligned, &run, err);
-    return (roicore_status)align_run_f64(1, rules, x, out, boxes, scale, sampling_ratio, aligned,
-                                         &run, err);
+    return (roicore_status)roicore_align_rows(1, rules, x, out, boxes, scale, sampling_ratio,
+                                              aligned, NULL, &run, err);
 }
 
 roicore_status roicore_roi_align_backward(const roicore_roi_align_rules *rules,
@@ -54,16 +52,25 @@ roicore_status roicore_roi_align_backward(const roicore_roi_align_rules *rules,
     double scale;
     if ((rc = roicore_check_roi_align_rules(rules, err)) ||
         (rc = roicore_check_backward(exec, dx, boxes, 1, dx ? dx->c : 0, g, err)) ||
-        (rc = check_align_args(sampling_ratio, aligned, err)) ||
+        (rc = roicore_check_align_args(sampling_ratio, aligned, err)) ||
         (rc = roicore_held_scale(spatial_scale, rules->scale_precision, dx->dtype, &scale, err)) ||
         (rc = roicore_check_coord_range(boxes, dx->dtype, scale, scale, err)))
         return (roicore_status)rc;
     roicore_run run;
     roicore_run_init(&run, exec);
     roicore_advise_output(ROICORE_WRITABLE(dx), roicore_tensor_bytes(dx));
-    if (dx->dtype == ROICORE_FLOAT32)
-        return (roicore_status)align_run_f32(0, rules, dx, g, boxes, scale, sampling_ratio,
-                                             aligned, &run, err);
-    return (roicore_status)align_run_f64(0, rules, dx, g, boxes, scale, sampling_ratio, aligned,
-                                         &run, err);
+    return (roicore_status)roicore_align_rows(0, rules, dx, g, boxes, scale, sampling_ratio,
+                                              aligned, NULL, &run, err);
+}
+
+/* The one dtype dispatch of the RoIAlign kernels (roi_align.h). */
+int roicore_align_rows(int forward, const roicore_roi_align_rules *rules,
+                       const roicore_tensor *map, const roicore_tensor *pooled,
+                       const roicore_boxes *boxes, double scale, int64_t sampling_ratio,
+                       int aligned, const int64_t *rows, roicore_run *run, roicore_error *err) {
+    if (map->dtype == ROICORE_FLOAT32)
+        return align_run_f32(forward, rules, map, pooled, boxes, scale, sampling_ratio, aligned,
+                             rows, run, err);
+    return align_run_f64(forward, rules, map, pooled, boxes, scale, sampling_ratio, aligned, rows,
+                         run, err);
 }

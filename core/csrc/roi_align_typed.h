@@ -352,10 +352,13 @@ ROICORE_CLONES static void TYPED(align_grad_task)(const void *opv, BWD_TASK *t) 
     }
 }
 
+/* Forward or backward over `boxes`; with `rows`, box k's output (upstream gradient) is row
+ * rows[k] of `pooled`, else row k. */
 static int TYPED(align_run)(int forward, const roicore_roi_align_rules *rules,
                             const roicore_tensor *map, const roicore_tensor *pooled,
                             const roicore_boxes *boxes, double scale, int64_t sampling_ratio,
-                            int aligned, roicore_run *run, roicore_error *err) {
+                            int aligned, const int64_t *rows, roicore_run *run,
+                            roicore_error *err) {
     ALIGN_OP op;
     memset(&op, 0, sizeof op);
     op.K = boxes->k;
@@ -376,10 +379,11 @@ static int TYPED(align_run)(int forward, const roicore_roi_align_rules *rules,
     if (rc == ROICORE_OK) {
         if (forward) {
             const FWD_JOB job = {map, pooled, boxes->batch, NULL, ROICORE_INT32, 0, op.region,
-                                 &op, TYPED(align_task), 0};
+                                 &op, TYPED(align_task), 0, boxes->k, rows};
             rc = ROICORE_CAT(roicore_blocked_forward, SFX)(&job, run, err);
         } else {
-            const BWD_JOB job = {pooled, map, boxes->batch, &op, TYPED(align_grad_task)};
+            const BWD_JOB job = {pooled, map, boxes->batch, &op, TYPED(align_grad_task),
+                                 boxes->k, rows};
             rc = ROICORE_CAT(roicore_blocked_backward, SFX)(&job, run, err);
         }
     }

@@ -6,6 +6,8 @@
  *   ps_roi_pool        position-sensitive RoI average pooling (R-FCN, torchvision)
  *   roi_align          RoIAlign (Mask R-CNN)
  *   ps_roi_align       position-sensitive RoIAlign (Light-Head R-CNN, torchvision)
+ *   pyramid_roi_align  RoIAlign from a feature pyramid (FPN): each box from the level its
+ *                      size assigns it, every framework's level rule
  *
  * Results are bit-identical to the framework the rules describe, for every thread count.
  * The rules structs mirror the frozen dataclasses of roicore.core.conventions field for
@@ -85,6 +87,8 @@ extern "C" {
 #define ROICORE_MAX_SAMPLING_RATIO 1024
 #define ROICORE_MAX_GRID 65536
 #define ROICORE_MAX_SAMPLES_PER_BIN 1048576
+/* Levels of a feature pyramid. */
+#define ROICORE_MAX_LEVELS 64
 /* Threads one call may ask for. */
 #define ROICORE_MAX_THREADS 1024
 /* Bytes of roicore_error's message and argument name, their terminating NUL included. */
@@ -250,6 +254,40 @@ typedef struct {
     int32_t reserved[15];
 } roicore_ps_roi_align_rules;
 
+typedef enum {
+    ROICORE_LEVEL_EPSILON_1E6 = 0,  /* "1e-6" */
+    ROICORE_LEVEL_EPSILON_1E8 = 1   /* "1e-8" */
+} roicore_level_epsilon;
+typedef enum {
+    ROICORE_LEVEL_INVALID_NAN = 0,   /* "nan": a negative area's sqrt is NaN: not pooled */
+    ROICORE_LEVEL_INVALID_ZERO = 1,  /* "zero": a reversed box has area 0 (Paddle) */
+    ROICORE_LEVEL_INVALID_SKIP = 2   /* "skip": area <= 0 is not pooled (OpenVINO) */
+} roicore_level_invalid;
+
+/* LevelRules: which pyramid level a box is pooled from.  With s = sqrt(w * h) in the boxes'
+ * dtype (w = x2 - x1, plus 1 with pixel_offset), k0 the canonical level and s0 the
+ * canonical size, a box's level is floor(log2(s / s0 + eps) + k0) with epsilon_inside, else
+ * floor((k0 + log2(s / s0)) + eps), clamped to the pyramid's levels; a box whose level is
+ * NaN (or skipped by `invalid`) is not pooled and gives 0. */
+typedef struct {
+    int32_t pixel_offset;
+    roicore_level_epsilon epsilon;
+    int32_t epsilon_inside;
+    roicore_level_invalid invalid;
+    int32_t reserved[12];
+} roicore_level_rules;
+
+/* A feature pyramid: n_levels maps, map i of level first_level + i pooled at
+ * spatial_scales[i]; the level rule's k0 and s0. */
+typedef struct {
+    int64_t n_levels;              /* 1 .. ROICORE_MAX_LEVELS */
+    int64_t first_level;           /* the level of map 0 (|first_level| <= 1024) */
+    int64_t canonical_level;       /* k0 (|k0| <= 1024) */
+    double canonical_size;         /* s0 > 0, finite */
+    const double *spatial_scales;  /* n_levels of them, each > 0 */
+    int64_t reserved[4];
+} roicore_pyramid;
+
 /* Rules from an array of their fields' codes in declaration order: how native ops store
  * the rules in a saved graph (an integer-list attribute).  Each value is range-checked.
  * An array may end early: the trailing fields it lacks take their defaults, the behaviour
@@ -267,6 +305,8 @@ typedef struct {
 #define ROICORE_ROI_ALIGN_RULES_REQUIRED 4
 #define ROICORE_PS_ROI_ALIGN_RULES_FIELDS 1
 #define ROICORE_PS_ROI_ALIGN_RULES_REQUIRED 1
+#define ROICORE_LEVEL_RULES_FIELDS 4
+#define ROICORE_LEVEL_RULES_REQUIRED 4
 
 roicore_status roicore_max_pool_rules_from_array(const int64_t *fields, int64_t n,
                                                  roicore_max_pool_rules *rules,
@@ -283,6 +323,8 @@ roicore_status roicore_roi_align_rules_from_array(const int64_t *fields, int64_t
 roicore_status roicore_ps_roi_align_rules_from_array(const int64_t *fields, int64_t n,
                                                      roicore_ps_roi_align_rules *rules,
                                                      roicore_error *err);
+roicore_status roicore_level_rules_from_array(const int64_t *fields, int64_t n,
+                                              roicore_level_rules *rules, roicore_error *err);
 
 /* ------------------------------------------------------------------------ boxes */
 
@@ -449,6 +491,37 @@ roicore_status roicore_ps_roi_align_backward(const roicore_ps_roi_align_rules *r
                                              int64_t sampling_ratio,
                                              const roicore_out_tensor *grad_input,
                                              const roicore_exec *exec, roicore_error *err);
+
+/* The pyramid level of each box, as map indices 0 .. n_levels - 1, or -1 for a box that is
+ * not pooled; boxes->coords in `dtype`.  With one map every box is level 0: the frameworks
+ * pool straight from a lone map without assigning levels.  Masked boxes get -1. */
+roicore_status roicore_pyramid_levels(const roicore_level_rules *level_rules,
+                                      const roicore_pyramid *pyramid, roicore_dtype dtype,
+                                      const roicore_boxes *boxes, int64_t *levels,
+                                      roicore_error *err);
+
+/* RoIAlign from a feature pyramid: maps[i] is level first_level + i, each (N, C, H_i, W_i)
+ * of one dtype; out is (K, C, PH, PW), each box's row pooled from its level's map as
+ * roicore_roi_align_forward pools it, or 0 for a box that is not pooled. */
+roicore_status roicore_pyramid_roi_align_forward(const roicore_roi_align_rules *rules,
+                                                 const roicore_level_rules *level_rules,
+                                                 const roicore_pyramid *pyramid,
+                                                 const roicore_tensor *maps,
+                                                 const roicore_boxes *boxes,
+                                                 int64_t sampling_ratio, int aligned,
+                                                 const roicore_out_tensor *out,
+                                                 const roicore_exec *exec, roicore_error *err);
+
+/* Its gradient: grad_maps[i] receives the gradients of level i's boxes only, in box order.
+ * Writes every element of every grad_maps[i]. */
+roicore_status roicore_pyramid_roi_align_backward(const roicore_roi_align_rules *rules,
+                                                  const roicore_level_rules *level_rules,
+                                                  const roicore_pyramid *pyramid,
+                                                  const roicore_tensor *grad_output,
+                                                  const roicore_boxes *boxes,
+                                                  int64_t sampling_ratio, int aligned,
+                                                  const roicore_out_tensor *grad_maps,
+                                                  const roicore_exec *exec, roicore_error *err);
 
 /* ------------------------------------------------------------------------ runtime */
 
