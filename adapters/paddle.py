@@ -72,7 +72,7 @@ except ImportError:  # Paddle 2.6: only the AST mode rewrites functions
     _graph_ready = paddle.jit.not_to_static
 
 __all__ = ["roi_pool", "psroi_pool", "roi_align", "RoIPool", "PSRoIPool", "RoIAlign",
-           "load_library"]
+           "multilevel_roi_align", "MultiLevelRoIAlign", "load_library"]
 
 CONVENTION = "paddle"
 # The argmax the NumPy path keeps for roi_pool's backward pass: Paddle's encoding (h*W + w
@@ -821,3 +821,6 @@ class RoIAlign(paddle.nn.Layer):
 
     def extra_repr(self):
         return f"output_size={self._output_size}, spatial_scale={self._spatial_scale}"
+
+
+from ._paddle_pyramid import MultiLevelRoIAlign, multilevel_roi_align  # noqa: E402,F401

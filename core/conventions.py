@@ -233,7 +233,7 @@ LEVELS = {
     "torchvision": LevelRules(False, "1e-6", False, "nan"),    # MultiScaleRoIAlign
     "detectron2": LevelRules(False, "1e-8", True, "nan"),      # ROIPooler
     "mmdet": LevelRules(False, "1e-6", True, "nan"),           # SingleRoIExtractor
-    "paddle": LevelRules(True, "1e-8", True, "zero"),          # distribute_fpn_proposals
+    "paddle": LevelRules(True, "1e-6", True, "zero"),          # distribute_fpn_proposals (CPU)
     "gluoncv": LevelRules(True, "1e-6", True, "nan"),          # _pyramid_roi_feats
     "openvino": LevelRules(False, "1e-6", True, "skip"),       # ExperimentalDetectronROIFeatureExtractor
 }
