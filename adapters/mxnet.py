@@ -106,7 +106,7 @@ import roicore.core as core
 
 from ._common import off_host, require
 
-__all__ = ["ROIPooling", "PSROIPooling", "ROIAlign"]
+__all__ = ["ROIPooling", "PSROIPooling", "ROIAlign", "pyramid_roi_feats"]
 # MXNet's names of roicore.core's arguments, for messages
 NAMES = {"x": "data", "boxes": "rois", "grad_output": "out_grad"}
 # what every call of roicore.core passes: MXNet's arithmetic and names, and masked rows (a
@@ -901,3 +901,6 @@ class _PSROIPoolingProp(_Prop):
 @mx.operator.register("roicore_ROIAlign")
 class _ROIAlignProp(_Prop):
     op = "ROIAlign"
+
+
+from ._mxnet_pyramid import pyramid_roi_feats  # noqa: E402

@@ -1,0 +1,266 @@
+"""roicore.adapters.mxnet.pyramid_roi_feats against GluonCV's ``_pyramid_roi_feats``, bit for bit.
+
+The oracle is GluonCV's 'align' branch written here on ``mx.nd`` (GluonCV itself is not a
+dependency): levels from ``split``, ``log2``, ``sqrt``, ``floor`` and ``clip``, per level
+``where`` to replace the other levels' rows by -1, ``contrib.ROIAlign``, and
+``ElementWiseSum``.  Outputs and the maps' gradients through ``mx.autograd`` (random head
+gradient) must be identical.  MXNet's CPU ROIAlign leaves a row whose batch index is negative
+unwritten and writes 0 into element n of its output instead (its GPU kernel writes the row's
+0s), so the oracle sends only the other rows to it and gives 0 for those.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import framework
+
+try:
+    import roicore.adapters.mxnet as mxa  # sets the NumPy aliases mxnet 1.9.1 needs
+except ImportError:
+    framework("mxnet", "MXNet 1.9.1 is not installed")  # skip locally, error in CI
+    raise
+mx = framework("mxnet", "MXNet 1.9.1 is not installed")
+
+import roicore.core as core  # noqa: E402
+
+DTYPES = [np.float32, np.float64]
+STRIDES = (4, 8, 16, 32)
+IMAGE = (112, 96)  # (H, W): maps of 28x24, 14x12, 7x6 and 4x3
+
+
+# ------------------------------------------------------------------------------ oracle
+def _native_roi_align(F, data, rois, roi_size, spatial_scale, sample_ratio):
+    """``F.contrib.ROIAlign`` with 0 for rows whose batch index is negative (see the module
+    docstring): only the others reach MXNet's CPU kernel, and ``take`` puts them back."""
+    keep = np.flatnonzero(np.trunc(rois[:, 0].asnumpy()) >= 0)  # MXNet truncates the index
+    K, (PH, PW) = rois.shape[0], roi_size
+    zeros = F.zeros((1, data.shape[1], PH, PW), dtype=data.dtype)
+    if not keep.size:
+        return F.take(zeros, F.zeros((K,)))
+    pooled = F.contrib.ROIAlign(data, F.take(rois, F.array(keep)), roi_size, spatial_scale,
+                                sample_ratio=sample_ratio)
+    index = np.zeros(K)
+    index[keep] = np.arange(1, keep.size + 1)
+    return F.take(F.concat(zeros, pooled, dim=0), F.array(index))
+
+
+def gluoncv_pyramid_roi_feats(F, features, rpn_rois, roi_size, strides, min_stage, max_stage,
+                              roi_canonical_scale=224.0, sampling_ratio=2, eps=1e-6):
+    """GluonCV's FasterRCNN._pyramid_roi_feats, roi_mode='align', with MXNet >= 1.6 ops."""
+    if max_stage > 5:  # do not use p6 for RCNN
+        max_stage = max_stage - 1
+    _, x1, y1, x2, y2 = F.split(rpn_rois, axis=-1, num_outputs=5)
+    h = y2 - y1 + 1
+    w = x2 - x1 + 1
+    roi_level = F.floor(4 + F.log2(F.sqrt(w * h) / roi_canonical_scale + eps))
+    roi_level = F.squeeze(F.clip(roi_level, min_stage, max_stage))
+    pooled_roi_feats = []
+    for i, l in enumerate(range(min_stage, max_stage + 1)):
+        masked_rpn_rois = F.where(roi_level == l, rpn_rois, F.ones_like(rpn_rois) * -1.)
+        pooled_feature = _native_roi_align(F, features[i], masked_rpn_rois, roi_size,
+                                           1. / strides[i], sample_ratio=sampling_ratio)
+        pooled_roi_feats.append(pooled_feature)
+    return F.ElementWiseSum(*pooled_roi_feats)
+
+
+# ------------------------------------------------------------------------------ cases
+def _maps(dtype, strides=STRIDES, N=2, C=3, seed=0, image=IMAGE):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((N, C, -(-image[0] // s), -(-image[1] // s))).astype(dtype)
+            for s in strides]
+
+
+def _square(batch, cx, cy, side):
+    """A box of GluonCV width and height ``side`` (``x2 - x1 + 1``) centred at (cx, cy)."""
+    half = (side - 1) / 2
+    return [batch, cx - half, cy - half, cx + half, cy + half]
+
+
+def _boxes(seed=1, n_random=24):
+    """Boxes over all four levels, on their edges (sqrt(w*h) = 112, 224, 448; 223.9998 is
+    pushed up by eps) and beyond (1000: level 6, clipped), -1-padded and masked rows,
+    reversed and degenerate boxes."""
+    rng = np.random.default_rng(seed)
+    rows = [_square(b, 50, 40, s) for b, s in [(0, 8), (1, 111.9), (0, 112), (1, 150),
+                                                 (0, 223.9998), (1, 224), (0, 300),
+                                                 (1, 447.99), (0, 448), (1, 700),
+                                                 (0, 1000)]]
+    rows += [
+        [-1, -1, -1, -1, -1], [-1, -1, -1, -1, -1],  # padded rows, masked
+        [1, -1, -1, -1, -1],                        # a padded box of an image: pooled
+        [-1, 10, 10, 80, 90],                       # a masked box
+        [0, 60, 50, 20, 10],                        # reversed in both axes: positive area
+        [1, 60, 10, 20, 70],                        # reversed in x: no level, 0
+        [0, 30, 30, 28.5, 60],                      # w = -0.5: no level
+        [1, 30, 30, 29, 60],                        # w = 0: lowest level
+        [0.5, 5, 6, 70, 90], [-0.5, 3, 4, 40, 30],  # fractional batch: images 0 and 0
+    ]
+    side = np.exp(rng.uniform(np.log(4), np.log(900), n_random))
+    aspect = np.exp(rng.uniform(-0.7, 0.7, n_random))
+    cx, cy = rng.uniform(-10, IMAGE[1] + 10, n_random), rng.uniform(-10, IMAGE[0] + 10, n_random)
+    w, h = side * aspect, side / aspect
+    batch = rng.integers(0, 2, n_random)
+    rows += np.stack([batch, cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], 1).tolist()
+    return np.array(rows, np.float64)
+
+
+def head_gradient(shape, dtype, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def assert_identical(actual, expected):
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    mismatch = actual != expected
+    assert not mismatch.any(), (f"{int(mismatch.sum())} of {mismatch.size} differ, max abs diff "
+                                f"{np.abs(actual.astype(np.float64) - expected).max()}")
+
+
+def _run(fn, maps, rois, dy, grad=None):
+    """fn(features, rpn_rois) under autograd: the output and each map's gradient (None for a
+    map without one).  ``grad[i]`` False leaves map i without attach_grad."""
+    xs = [mx.nd.array(m, dtype=m.dtype) for m in maps]
+    for i, x in enumerate(xs):
+        if grad is None or grad[i]:
+            x.attach_grad()
+    r = mx.nd.array(rois, dtype=maps[0].dtype)
+    with mx.autograd.record():
+        y = fn(xs, r)
+    y.backward(mx.nd.array(dy, dtype=dy.dtype))
+    return y.asnumpy(), [None if x.grad is None else x.grad.asnumpy() for x in xs]
+
+
+def _compare(maps, rois, strides=STRIDES, roi_size=(3, 2), grad=None, **kw):
+    first = int(np.log2(strides[0]))
+    last = first + len(strides) - 1
+    oracle = lambda xs, r: gluoncv_pyramid_roi_feats(  # noqa: E731
+        mx.nd, xs, r, roi_size, strides, first, last, **kw)
+    ours = lambda xs, r: mxa.pyramid_roi_feats(xs, r, roi_size, strides, **kw)  # noqa: E731
+    dy = head_gradient((rois.shape[0], maps[0].shape[1]) + roi_size, maps[0].dtype, seed=3)
+    y_ref, g_ref = _run(oracle, maps, rois, dy, grad)
+    y, g = _run(ours, maps, rois, dy, grad)
+    assert_identical(y, y_ref)
+    for a, b in zip(g, g_ref):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert_identical(a, b)
+    return y, g
+
+
+# ------------------------------------------------------------------------------ parity
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+def test_matches_gluoncv_forward_and_gradient(dtype):
+    rois = _boxes()
+    y, g = _compare(_maps(dtype), rois)
+    batch = np.trunc(rois[:, 0]).astype(np.int64)  # MXNet's reading of the batch column
+    levels = core.pyramid_levels(rois[:, 1:], [1 / s for s in STRIDES], first_level=2,
+                                 batch_indices=batch,
+                                 levels="gluoncv", masked=True, dtype=dtype)
+    assert set(levels[batch >= 0]) == {-1, 0, 1, 2, 3}  # every level, and none
+    assert not y[levels < 0].any()
+    assert all(gi.any() for gi in g)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+def test_level_rule_is_gluoncv(dtype):
+    """roicore's "gluoncv" level rule gives GluonCV's clipped levels (NaN: no level)."""
+    rng = np.random.default_rng(5)
+    side = np.concatenate([np.exp(rng.uniform(np.log(0.5), np.log(2000), 2000)),
+                           [112, 224, 448, 223.9998, 223.99977, 447.9996, 111.99989]])
+    aspect = np.exp(rng.uniform(-1, 1, side.size))
+    aspect[-7:] = 1  # squares on the levels' edges
+    w, h = side * aspect, side / aspect
+    w[:20] *= -1  # reversed: no level
+    x1 = rng.uniform(-50, 50, side.size)
+    rois = np.stack([np.zeros(side.size), x1, x1, x1 + w - 1, x1 + h - 1], 1).astype(dtype)
+    _, a1, b1, a2, b2 = mx.nd.split(mx.nd.array(rois, dtype=dtype), axis=-1, num_outputs=5)
+    level = mx.nd.floor(4 + mx.nd.log2(mx.nd.sqrt((a2 - a1 + 1) * (b2 - b1 + 1)) / 224.0 + 1e-6))
+    level = mx.nd.squeeze(mx.nd.clip(level, 2, 5)).asnumpy()
+    ours = core.pyramid_levels(rois, [1 / s for s in STRIDES], first_level=2, levels="gluoncv",
+                               dtype=dtype)
+    expected = np.where(np.isnan(level), -1, level - 2)
+    assert (ours == expected).all()
+    assert set(ours) == {-1, 0, 1, 2, 3}
+
+
+def test_p6_is_not_pooled_from():
+    """Strides 4..64 (GluonCV's FPN: min_stage 2, max_stage 6): levels clip to 5, and the
+    stride-64 map is never read and gets no gradient (maps large enough for the level-6 box
+    to sample them)."""
+    maps = _maps(np.float32, STRIDES + (64,), image=(640, 640))
+    _, g = _compare(maps, _boxes(n_random=8), strides=STRIDES + (64,))
+    assert not g[4].any()
+
+
+@pytest.mark.parametrize("kw", [dict(sampling_ratio=-1), dict(sampling_ratio=0),
+                                dict(roi_canonical_scale=200.0, sampling_ratio=1),
+                                dict(eps=1e-8)], ids=["adaptive", "zero", "s0=200", "eps=1e-8"])
+def test_other_arguments_match_gluoncv(kw):
+    _compare(_maps(np.float32, seed=2), _boxes(seed=3, n_random=12), roi_size=(2, 2), **kw)
+
+
+def test_map_without_gradient():
+    """A map autograd does not track (first of the inputs) leaves the others' gradients
+    intact (MXNet's Function stops at the first input that needs no gradient)."""
+    _, g = _compare(_maps(np.float32), _boxes(n_random=8), grad=[False, True, False, True])
+    assert g[0] is None and g[2] is None
+
+
+def test_outside_record_and_int_roi_size():
+    maps, rois = _maps(np.float32), _boxes(n_random=8)
+    xs, r = [mx.nd.array(m) for m in maps], mx.nd.array(rois)
+    y = mxa.pyramid_roi_feats(xs, r, 2, STRIDES)
+    y_ref = gluoncv_pyramid_roi_feats(mx.nd, xs, r, (2, 2), STRIDES, 2, 5)
+    assert isinstance(y, mx.nd.NDArray) and y.context == xs[0].context
+    assert_identical(y.asnumpy(), y_ref.asnumpy())
+    with mx.autograd.record():
+        y_rec = mxa.pyramid_roi_feats(xs, r, 2, STRIDES)
+    assert_identical(y_rec.asnumpy(), y.asnumpy())
+
+
+def test_only_padded_rows():
+    xs = [mx.nd.array(m) for m in _maps(np.float32)]
+    y = mxa.pyramid_roi_feats(xs, -mx.nd.ones((3, 5)), (2, 2), STRIDES)
+    assert y.shape == (3, 3, 2, 2) and not y.asnumpy().any()
+
+
+def test_exported():
+    assert "pyramid_roi_feats" in mxa.__all__
+    from roicore.adapters._mxnet_pyramid import pyramid_roi_feats
+    assert mxa.pyramid_roi_feats is pyramid_roi_feats
+
+
+# ------------------------------------------------------------------------------ errors
+def _call(features=None, rpn_rois=None, roi_size=(2, 2), strides=STRIDES, **kw):
+    features = [mx.nd.array(m) for m in _maps(np.float32)] if features is None else features
+    rpn_rois = mx.nd.array([[0, 1, 1, 30, 30]]) if rpn_rois is None else rpn_rois
+    return mxa.pyramid_roi_feats(features, rpn_rois, roi_size, strides, **kw)
+
+
+@pytest.mark.parametrize("kw, error, message", [
+    (dict(eps=1e-7), ValueError, r"eps must be 1e-6 .* or 1e-8.*got 1e-07"),
+    (dict(eps="1e-6"), TypeError, r"eps must be a real number"),
+    (dict(roi_mode="pool"), NotImplementedError, r"roi_mode='pool'"),
+    (dict(roi_mode="nearest"), ValueError, r"Invalid roi mode: 'nearest'"),
+    (dict(strides=(4, 8, 16)), ValueError, r"strides must have one stride per feature map: 4 "),
+    (dict(strides=(6, 12, 24, 48)), ValueError, r"strides\[0\] must be a power of two"),
+    (dict(strides=(4, 8, 0, 32)), ValueError, r"strides\[2\] must be positive"),
+    (dict(strides=16), TypeError, r"strides must be a sequence of numbers"),
+    (dict(features=mx.nd.zeros((2, 3, 8, 8))), TypeError, r"features must be a list"),
+    (dict(features=[np.zeros((2, 3, 8, 8))] * 4), TypeError, r"features\[0\] must be an mx"),
+    (dict(features=[mx.nd.zeros((2, 3, 8))] * 4), ValueError, r"features\[0\] must be 4-D"),
+    (dict(features=[mx.nd.zeros((2, 3, 8, 8))] * 3 + [mx.nd.zeros((2, 4, 8, 8))]), ValueError,
+     r"features\[3\] must have features\[0\]'s batch, channels and dtype"),
+    (dict(rpn_rois=np.zeros((1, 5))), TypeError, r"rpn_rois must be an mx.nd.NDArray"),
+    (dict(rpn_rois=mx.nd.zeros((1, 4))), ValueError, r"rpn_rois must have shape \(K, 5\)"),
+    (dict(features=[], strides=()), ValueError, r"features must hold at least one map"),
+    (dict(rpn_rois=mx.nd.array([[2, 1, 1, 30, 30]])), ValueError, r"rpn_rois\[:, 0\]"),
+    (dict(rpn_rois=mx.nd.array([[0, 1, np.nan, 30, 30]])), ValueError, r"rpn_rois"),
+    (dict(roi_size=0), ValueError, r"roi_size must be >= 1"),
+    (dict(roi_size=None), TypeError, r"roi_size must be an int or a pair"),
+    (dict(sampling_ratio=-2), ValueError, r"sampling_ratio must be >= -1"),
+    (dict(roi_canonical_scale=0.0), ValueError, r"roi_canonical_scale must be positive"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_invalid_arguments(kw, error, message):
+    with pytest.raises(error, match=message):
+        _call(**kw)
