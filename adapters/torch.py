@@ -89,8 +89,9 @@ torch = require("torch", "torch")
 from torch import Tensor, nn  # noqa: E402
 from torch.jit.annotations import BroadcastingList2  # noqa: E402
 
-__all__ = ["roi_pool", "roi_align", "ps_roi_pool", "ps_roi_align",
-           "RoIPool", "RoIAlign", "PSRoIPool", "PSRoIAlign", "BoxesShapeError",
+__all__ = ["roi_pool", "roi_align", "ps_roi_pool", "ps_roi_align", "multi_scale_roi_align",
+           "RoIPool", "RoIAlign", "PSRoIPool", "PSRoIAlign", "MultiScaleRoIAlign",
+           "BoxesShapeError",
            "NativeOpsWarning", "native_library"]
 
 CONVENTION = "torchvision"
@@ -906,3 +907,11 @@ class PSRoIAlign(nn.Module):
 
 # ONNX export: the TorchScript-based exporter translates the ops recorded above
 _onnx.register()
+
+# MultiScaleRoIAlign: its module imports the helpers above
+from . import _torch_pyramid  # noqa: E402
+from ._torch_pyramid import MultiScaleRoIAlign, multi_scale_roi_align  # noqa: E402
+
+if _NATIVE_LIBRARY is not None:
+    for _name, _fake in _torch_pyramid.FAKES.items():
+        torch.library.register_fake(f"roicore::{_name}", _fake)

@@ -78,7 +78,8 @@ def compile_definitions() -> list[str]:
     are defined once, in Python, and a changed convention changes the build's key."""
     from roicore.core import args, conventions
     tables = {"MAX_POOL": conventions.MAX_POOL, "PS_ROI_POOL": conventions.PSROI_POOL,
-              "ROI_ALIGN": conventions.ROI_ALIGN, "PS_ROI_ALIGN": conventions.PSROI_ALIGN}
+              "ROI_ALIGN": conventions.ROI_ALIGN, "PS_ROI_ALIGN": conventions.PSROI_ALIGN,
+              "LEVEL": conventions.LEVELS}
     return [f"-DROICORE_TORCHVISION_{name}_RULES="
             + ",".join(str(int(c)) for c in args.rules_codes(table["torchvision"]))
             for name, table in tables.items()]

@@ -16,7 +16,12 @@
 //   ps_roi_pool(input, rois, spatial_scale, pooled_height, pooled_width, n_threads)
 //   ps_roi_align(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio,
 //                n_threads)
-//   and each one's <name>_backward, the gradient with respect to input.
+//   and each one's <name>_backward, the gradient with respect to input;
+//   multi_scale_roi_align(maps, rois, spatial_scales, pooled_height, pooled_width,
+//                         sampling_ratio, aligned, first_level, canonical_level,
+//                         canonical_size, n_threads)   torchvision's MultiScaleRoIAlign:
+//       each box pooled from the pyramid level torchvision's LevelMapper assigns it, and
+//   multi_scale_roi_align_backward(grad, rois, ..., input_shapes, ...) -> one gradient per map.
 //
 // input is a (N, C, H, W) map, rois a (K, 5) tensor of [batch_index, x1, y1, x2, y2] rows;
 // float32 and float64 are computed as they come, float16 and bfloat16 in float32 with the
@@ -57,7 +62,8 @@
 #if !defined(ROICORE_TORCHVISION_MAX_POOL_RULES) ||      \
     !defined(ROICORE_TORCHVISION_PS_ROI_POOL_RULES) ||   \
     !defined(ROICORE_TORCHVISION_ROI_ALIGN_RULES) ||     \
-    !defined(ROICORE_TORCHVISION_PS_ROI_ALIGN_RULES)
+    !defined(ROICORE_TORCHVISION_PS_ROI_ALIGN_RULES) ||   \
+    !defined(ROICORE_TORCHVISION_LEVEL_RULES)
 #error "build with -DROICORE_TORCHVISION_<OP>_RULES=<codes> (roicore.adapters.native.torch does)"
 #endif
 
@@ -149,6 +155,12 @@ const roicore_ps_roi_pool_rules& PsRoiPoolRules() {
 const roicore_roi_align_rules& RoiAlignRules() {
   static const int64_t codes[] = {ROICORE_TORCHVISION_ROI_ALIGN_RULES};
   static const roicore_roi_align_rules rules = Decode(roicore_roi_align_rules_from_array, codes);
+  return rules;
+}
+
+const roicore_level_rules& LevelRules() {
+  static const int64_t codes[] = {ROICORE_TORCHVISION_LEVEL_RULES};
+  static const roicore_level_rules rules = Decode(roicore_level_rules_from_array, codes);
   return rules;
 }
 
@@ -577,6 +589,131 @@ at::Tensor PsRoiAlignBackwardCpu(const at::Tensor& grad, const at::Tensor& rois,
   return Result(dx, grad);
 }
 
+
+// torchvision's MultiScaleRoIAlign: the maps of a pyramid, level first_level + i at
+// spatial_scales[i], each box pooled from its level (aligned=False there; the op takes it).
+struct Pyramid {
+  std::vector<Map> maps;
+  std::vector<roicore_tensor> views;
+  roicore_pyramid view;
+};
+
+Pyramid ReadPyramid(const char* op, at::TensorList maps, at::ArrayRef<double> scales,
+                    int64_t first_level, int64_t canonical_level, double canonical_size) {
+  TORCH_CHECK_VALUE(!maps.empty() && maps.size() <= ROICORE_MAX_LEVELS, op,
+                    ": features must hold 1 to ", ROICORE_MAX_LEVELS, " maps, got ",
+                    maps.size());
+  TORCH_CHECK_VALUE(scales.size() == maps.size(), op,
+                    ": spatial_scales must have one scale per feature map: ", maps.size(),
+                    " maps, got ", scales.size(), " scales");
+  Pyramid p;
+  for (size_t i = 0; i < maps.size(); ++i) {
+    const std::string name = "features[" + std::to_string(i) + "]";
+    p.maps.push_back(ReadMap(op, maps[i], name.c_str(), "[N, C, H, W]", "H >= 1 and W"));
+    const roicore_tensor& v = p.maps.back().view;
+    const roicore_tensor& v0 = p.maps.front().view;
+    TORCH_CHECK_VALUE(v.n == v0.n && v.c == v0.c, op, ": ", name,
+                      " must have the batch and channels of features[0] (", v0.n, ", ", v0.c,
+                      "), got ", ShapeText(maps[i].sizes()));
+    TORCH_CHECK_TYPE(maps[i].scalar_type() == maps[0].scalar_type(), op, ": ", name,
+                     " must have the dtype of features[0], ", DtypeText(maps[0].scalar_type()),
+                     ", got ", DtypeText(maps[i].scalar_type()));
+    p.views.push_back(v);
+  }
+  for (double scale : scales) CheckScale(op, scale);
+  p.view = roicore_pyramid{};
+  p.view.n_levels = static_cast<int64_t>(maps.size());
+  p.view.first_level = first_level;
+  p.view.canonical_level = canonical_level;
+  p.view.canonical_size = canonical_size;
+  p.view.spatial_scales = scales.data();
+  return p;
+}
+
+at::Tensor MultiScaleRoiAlignCpu(at::TensorList maps, const at::Tensor& rois,
+                                 at::ArrayRef<double> spatial_scales, int64_t ph, int64_t pw,
+                                 int64_t sampling_ratio, bool aligned, int64_t first_level,
+                                 int64_t canonical_level, double canonical_size,
+                                 std::optional<int64_t> n_threads) {
+  const char* op = "roicore::multi_scale_roi_align";
+  CheckFloat(op, rois, "rois");
+  const Pyramid p =
+      ReadPyramid(op, maps, spatial_scales, first_level, canonical_level, canonical_size);
+  CheckPooled(op, ph, pw);
+  CheckSamplingRatio(op, sampling_ratio);
+  const roicore_tensor& x = p.views.front();
+  const Boxes b = ReadRois(op, rois, x.n, x.dtype);
+  const roicore_exec exec = Exec(op, n_threads);
+  const at::Tensor out = Output({b.view.k, x.c, ph, pw}, p.maps.front().data.scalar_type(),
+                                maps[0]);
+  const roicore_out_tensor o = OutView(out);
+  Run([&](roicore_error* err) {
+    return roicore_pyramid_roi_align_forward(&RoiAlignRules(), &LevelRules(), &p.view,
+                                             p.views.data(), &b.view, sampling_ratio, aligned,
+                                             &o, &exec, err);
+  });
+  return Result(out, maps[0]);
+}
+
+std::vector<at::Tensor> MultiScaleRoiAlignBackwardCpu(
+    const at::Tensor& grad, const at::Tensor& rois, at::ArrayRef<double> spatial_scales,
+    at::IntArrayRef input_shapes, int64_t sampling_ratio, bool aligned, int64_t first_level,
+    int64_t canonical_level, double canonical_size, std::optional<int64_t> n_threads) {
+  const char* op = "roicore::multi_scale_roi_align_backward";
+  CheckFloat(op, grad, "grad");
+  CheckFloat(op, rois, "rois");
+  const size_t levels = spatial_scales.size();
+  TORCH_CHECK_VALUE(levels >= 1 && levels <= ROICORE_MAX_LEVELS, op,
+                    ": spatial_scales must hold 1 to ", ROICORE_MAX_LEVELS, " scales, got ",
+                    levels);
+  TORCH_CHECK_VALUE(input_shapes.size() == 4 * levels, op,
+                    ": input_shapes must hold (batch_size, channels, height, width) of each of "
+                    "the ", levels, " maps, got ", input_shapes.size(), " values");
+  for (size_t i = 0; i < levels; ++i) {
+    const int64_t* s = input_shapes.data() + 4 * i;
+    CheckImageShape(op, s[0], s[1], s[2], s[3]);
+    TORCH_CHECK_VALUE(s[0] == input_shapes[0] && s[1] == input_shapes[1], op,
+                      ": every map must have the batch and channels of the first, got (",
+                      s[0], ", ", s[1], ") for map ", i);
+  }
+  for (double scale : spatial_scales) CheckScale(op, scale);
+  CheckSamplingRatio(op, sampling_ratio);
+  const Map g = ReadGrad(op, grad);
+  const Boxes b = ReadRois(op, rois, input_shapes[0], g.view.dtype);
+  CheckGradShape(op, g, b.view.k, input_shapes[1]);
+  const roicore_exec exec = Exec(op, n_threads);
+  // every gradient map checked against the memory limit together, then allocated
+  const at::ScalarType type = g.data.scalar_type();
+  int64_t bytes = 0;
+  for (size_t i = 0; i < levels; ++i) {
+    const at::IntArrayRef shape = input_shapes.slice(4 * i, 4);
+    bytes = AddBytes(bytes, Bytes(shape, type));
+    if (grad.scalar_type() != type) bytes = AddBytes(bytes, Bytes(shape, grad.scalar_type()));
+  }
+  Run([&](roicore_error* err) {
+    return roicore_check_allocation(bytes, "the gradients of the feature maps", err);
+  });
+  std::vector<at::Tensor> dx;
+  std::vector<roicore_out_tensor> views;
+  for (size_t i = 0; i < levels; ++i) {
+    dx.push_back(at::empty(input_shapes.slice(4 * i, 4), at::TensorOptions().dtype(type)));
+    views.push_back(OutView(dx.back()));
+  }
+  roicore_pyramid p{};
+  p.n_levels = static_cast<int64_t>(levels);
+  p.first_level = first_level;
+  p.canonical_level = canonical_level;
+  p.canonical_size = canonical_size;
+  p.spatial_scales = spatial_scales.data();
+  Run([&](roicore_error* err) {
+    return roicore_pyramid_roi_align_backward(&RoiAlignRules(), &LevelRules(), &p, &g.view,
+                                              &b.view, sampling_ratio, aligned, views.data(),
+                                              &exec, err);
+  });
+  for (auto& d : dx) d = Result(d, grad);
+  return dx;
+}
+
 // ------------------------------------------------------------------------------------
 // The registered ops, called through the dispatcher (from the autograd and autocast
 // kernels, with SymInt sizes: they run under torch.compile's fake tensors too)
@@ -623,6 +760,15 @@ ROICORE_OP(PsRoiPoolOp, "ps_roi_pool", PsRoiPoolSignature)
 ROICORE_OP(PsRoiPoolBackwardOp, "ps_roi_pool_backward", PsRoiPoolBackwardSignature)
 ROICORE_OP(PsRoiAlignOp, "ps_roi_align", PsRoiAlignSignature)
 ROICORE_OP(PsRoiAlignBackwardOp, "ps_roi_align_backward", PsRoiAlignBackwardSignature)
+using MultiScaleRoiAlignSignature = at::Tensor(at::TensorList, const at::Tensor&,
+                                               at::ArrayRef<double>, SymInt, SymInt, SymInt,
+                                               bool, SymInt, SymInt, double, OptSymInt);
+using MultiScaleRoiAlignBackwardSignature = std::vector<at::Tensor>(
+    const at::Tensor&, const at::Tensor&, at::ArrayRef<double>, c10::SymIntArrayRef, SymInt,
+    bool, SymInt, SymInt, double, OptSymInt);
+ROICORE_OP(MultiScaleRoiAlignOp, "multi_scale_roi_align", MultiScaleRoiAlignSignature)
+ROICORE_OP(MultiScaleRoiAlignBackwardOp, "multi_scale_roi_align_backward",
+           MultiScaleRoiAlignBackwardSignature)
 #undef ROICORE_OP
 
 // ------------------------------------------------------------------------------------
@@ -854,6 +1000,92 @@ at::Tensor PsRoiAlignBackwardAutograd(const at::Tensor& grad, const at::Tensor& 
                                                             w, sampling_ratio, n_threads)[0];
 }
 
+
+class MultiScaleRoiAlignFunction : public torch::autograd::Function<MultiScaleRoiAlignFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, at::TensorList maps, const at::Tensor& rois,
+                               at::ArrayRef<double> spatial_scales, SymInt ph, SymInt pw,
+                               SymInt sampling_ratio, bool aligned, SymInt first_level,
+                               SymInt canonical_level, double canonical_size,
+                               OptSymInt n_threads) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    at::Tensor out = MultiScaleRoiAlignOp().call(maps, rois, spatial_scales, ph, pw,
+                                                 sampling_ratio, aligned, first_level,
+                                                 canonical_level, canonical_size, n_threads);
+    ctx->save_for_backward({rois});
+    ctx->saved_data["spatial_scales"] = spatial_scales.vec();
+    ctx->saved_data["levels"] = static_cast<int64_t>(maps.size());
+    for (size_t i = 0; i < maps.size(); ++i) {
+      const auto sizes = maps[i].sym_sizes();
+      for (size_t d = 0; d < 4; ++d) ctx->saved_data["shape" + std::to_string(4 * i + d)] = sizes[d];
+    }
+    ctx->saved_data["sampling_ratio"] = sampling_ratio;
+    ctx->saved_data["aligned"] = aligned;
+    ctx->saved_data["first_level"] = first_level;
+    ctx->saved_data["canonical_level"] = canonical_level;
+    ctx->saved_data["canonical_size"] = canonical_size;
+    SaveThreads(ctx, n_threads);
+    return {out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const int64_t levels = ctx->saved_data["levels"].toInt();
+    std::vector<SymInt> shapes;
+    for (int64_t i = 0; i < 4 * levels; ++i) shapes.push_back(Saved(ctx, ("shape" + std::to_string(i)).c_str()));
+    const std::vector<double> scales = ctx->saved_data["spatial_scales"].toDoubleVector();
+    std::vector<at::Tensor> dx = MultiScaleRoiAlignBackwardOp().call(
+        grads[0], ctx->get_saved_variables()[0], scales, shapes, Saved(ctx, "sampling_ratio"),
+        ctx->saved_data["aligned"].toBool(), Saved(ctx, "first_level"),
+        Saved(ctx, "canonical_level"), ctx->saved_data["canonical_size"].toDouble(),
+        SavedThreads(ctx));
+    // one gradient per map, then none for the other ten arguments
+    variable_list result(dx.begin(), dx.end());
+    result.resize(dx.size() + 10);
+    return result;
+  }
+};
+
+// The gradient op under autograd: it runs, and differentiating it again is refused.
+class MultiScaleRoiAlignBackwardFunction
+    : public torch::autograd::Function<MultiScaleRoiAlignBackwardFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& grad,
+                               const at::Tensor& rois, at::ArrayRef<double> spatial_scales,
+                               c10::SymIntArrayRef input_shapes, SymInt sampling_ratio,
+                               bool aligned, SymInt first_level, SymInt canonical_level,
+                               double canonical_size, OptSymInt n_threads) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return MultiScaleRoiAlignBackwardOp().call(grad, rois, spatial_scales, input_shapes,
+                                               sampling_ratio, aligned, first_level,
+                                               canonical_level, canonical_size, n_threads);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    TORCH_CHECK(false, "roicore::multi_scale_roi_align_backward: double backward is not "
+                       "supported (as in torchvision)");
+    return {};
+  }
+};
+
+at::Tensor MultiScaleRoiAlignAutograd(at::TensorList maps, const at::Tensor& rois,
+                                      at::ArrayRef<double> spatial_scales, SymInt ph, SymInt pw,
+                                      SymInt sampling_ratio, bool aligned, SymInt first_level,
+                                      SymInt canonical_level, double canonical_size,
+                                      OptSymInt n_threads) {
+  return MultiScaleRoiAlignFunction::apply(maps, rois, spatial_scales, ph, pw, sampling_ratio,
+                                           aligned, first_level, canonical_level,
+                                           canonical_size, n_threads)[0];
+}
+
+std::vector<at::Tensor> MultiScaleRoiAlignBackwardAutograd(
+    const at::Tensor& grad, const at::Tensor& rois, at::ArrayRef<double> spatial_scales,
+    c10::SymIntArrayRef input_shapes, SymInt sampling_ratio, bool aligned, SymInt first_level,
+    SymInt canonical_level, double canonical_size, OptSymInt n_threads) {
+  return MultiScaleRoiAlignBackwardFunction::apply(grad, rois, spatial_scales, input_shapes,
+                                                   sampling_ratio, aligned, first_level,
+                                                   canonical_level, canonical_size, n_threads);
+}
+
 // ------------------------------------------------------------------------------------
 // Autocast: torchvision's rule for roi_align on the CPU (input and rois in float32, the
 // result in input's dtype; float64 stays float64).  The other ops are not autocast, there
@@ -909,6 +1141,15 @@ TORCH_LIBRARY(roicore, m) {
         "batch_size, SymInt channels, SymInt height, SymInt width, SymInt sampling_ratio, "
         "SymInt? n_threads) -> Tensor",
         tags);
+  m.def("multi_scale_roi_align(Tensor[] maps, Tensor rois, float[] spatial_scales, SymInt "
+        "pooled_height, SymInt pooled_width, SymInt sampling_ratio, bool aligned, SymInt "
+        "first_level, SymInt canonical_level, float canonical_size, SymInt? n_threads) -> "
+        "Tensor",
+        tags);
+  m.def("multi_scale_roi_align_backward(Tensor grad, Tensor rois, float[] spatial_scales, "
+        "SymInt[] input_shapes, SymInt sampling_ratio, bool aligned, SymInt first_level, "
+        "SymInt canonical_level, float canonical_size, SymInt? n_threads) -> Tensor[]",
+        tags);
 }
 
 TORCH_LIBRARY_IMPL(roicore, CPU, m) {
@@ -921,6 +1162,8 @@ TORCH_LIBRARY_IMPL(roicore, CPU, m) {
   m.impl("ps_roi_pool_backward", TORCH_FN(PsRoiPoolBackwardCpu));
   m.impl("ps_roi_align", TORCH_FN(PsRoiAlignCpu));
   m.impl("ps_roi_align_backward", TORCH_FN(PsRoiAlignBackwardCpu));
+  m.impl("multi_scale_roi_align", TORCH_FN(MultiScaleRoiAlignCpu));
+  m.impl("multi_scale_roi_align_backward", TORCH_FN(MultiScaleRoiAlignBackwardCpu));
 }
 
 TORCH_LIBRARY_IMPL(roicore, Autograd, m) {
@@ -933,6 +1176,8 @@ TORCH_LIBRARY_IMPL(roicore, Autograd, m) {
   m.impl("ps_roi_pool_backward", TORCH_FN(PsRoiPoolBackwardAutograd));
   m.impl("ps_roi_align", TORCH_FN(PsRoiAlignAutograd));
   m.impl("ps_roi_align_backward", TORCH_FN(PsRoiAlignBackwardAutograd));
+  m.impl("multi_scale_roi_align", TORCH_FN(MultiScaleRoiAlignAutograd));
+  m.impl("multi_scale_roi_align_backward", TORCH_FN(MultiScaleRoiAlignBackwardAutograd));
 }
 
 TORCH_LIBRARY_IMPL(roicore, AutocastCPU, m) {
