@@ -64,16 +64,52 @@ typedef struct {
     void *owned;
 } levels_plan;
 
+/* Level l's spatial scale as the rules hold it in `dtype`; errors name spatial_scales[l]. */
+static int level_scale(const roicore_roi_align_rules *rules, const roicore_pyramid *p, int64_t l,
+                       roicore_dtype dtype, double *held, roicore_error *err) {
+    roicore_error mine;
+    const int rc = roicore_held_scale(p->spatial_scales[l], rules->scale_precision, dtype, held,
+                                      &mine);
+    if (rc)
+        return roicore_fail(err, rc, "spatial_scales[%lld]: %s", (long long)l, mine.message);
+    return ROICORE_OK;
+}
+
+/* The canonical size as the boxes' dtype holds it: positive and finite there too. */
+static int check_canonical_size(const roicore_pyramid *p, roicore_dtype dtype,
+                                roicore_error *err) {
+    const double held = dtype == ROICORE_FLOAT32 ? (double)(float)p->canonical_size
+                                                 : p->canonical_size;
+    if (!(held > 0 && isfinite(held)))
+        return roicore_fail(err, ROICORE_ERR_ARGUMENT,
+                            "canonical_size=%g becomes %g when held in the boxes' dtype; it must "
+                            "stay positive and finite", p->canonical_size, held);
+    return ROICORE_OK;
+}
+
+/* Level l's boxes as boxes of their own. */
+static roicore_boxes level_boxes(const levels_plan *plan, int64_t l, roicore_dtype dtype) {
+    roicore_boxes b;
+    memset(&b, 0, sizeof b);
+    const int64_t first = plan->start[l];
+    b.coords = (const char *)plan->coords + first * 4 * (int64_t)roicore_dtype_size(dtype);
+    b.batch = plan->batch + first;
+    b.k = plan->start[l + 1] - first;
+    return b;
+}
+
+/* Levels, grouped boxes and held scales for a forward (or backward) into PH x PW bins; every
+ * box is checked at its level (coordinates, sampling grid) before the call writes. */
 static int plan_levels(const roicore_roi_align_rules *rules, const roicore_level_rules *lr,
                        const roicore_pyramid *p, roicore_dtype dtype, const roicore_boxes *boxes,
+                       int forward, int64_t PH, int64_t PW, int64_t sampling_ratio, int aligned,
                        levels_plan *plan, roicore_error *err) {
     const int64_t K = boxes->k, L = p->n_levels, bsz = (int64_t)roicore_dtype_size(dtype);
     int rc;
     memset(plan, 0, sizeof *plan);
+    if ((rc = check_canonical_size(p, dtype, err))) return rc;
     for (int64_t l = 0; l < L; ++l)
-        if ((rc = roicore_held_scale(p->spatial_scales[l], rules->scale_precision, dtype,
-                                     &plan->scale[l], err)))
-            return rc;
+        if ((rc = level_scale(rules, p, l, dtype, &plan->scale[l], err))) return rc;
     char *mem = (char *)roicore_scratch(roicore_mul(K, 24 + 4 * bsz) + 64, "the pyramid's levels", err);
     if (!mem) return err ? err->code : ROICORE_ERR_MEMORY;
     plan->owned = mem;
@@ -113,18 +149,14 @@ static int plan_levels(const roicore_roi_align_rules *rules, const roicore_level
         memcpy((char *)plan->coords + i * 4 * bsz, (const char *)boxes->coords + k * 4 * bsz,
                (size_t)(4 * bsz));
     }
+    for (int64_t l = 0; l < L; ++l) {
+        const roicore_boxes b = level_boxes(plan, l, dtype);
+        if ((rc = roicore_align_check_grids(forward, rules, &b, dtype, plan->scale[l],
+                                            sampling_ratio, aligned, PH, PW,
+                                            plan->order + plan->start[l], err)))
+            return rc;
+    }
     return ROICORE_OK;
-}
-
-/* Level l's boxes as boxes of their own. */
-static roicore_boxes level_boxes(const levels_plan *plan, int64_t l, roicore_dtype dtype) {
-    roicore_boxes b;
-    memset(&b, 0, sizeof b);
-    const int64_t first = plan->start[l];
-    b.coords = (const char *)plan->coords + first * 4 * (int64_t)roicore_dtype_size(dtype);
-    b.batch = plan->batch + first;
-    b.k = plan->start[l + 1] - first;
-    return b;
 }
 
 static int check_common(const roicore_roi_align_rules *rules, const roicore_level_rules *lr,
@@ -137,9 +169,7 @@ static int check_common(const roicore_roi_align_rules *rules, const roicore_leve
         return rc;
     for (int64_t l = 0; l < p->n_levels; ++l) {
         double held;
-        if ((rc = roicore_held_scale(p->spatial_scales[l], rules->scale_precision,
-                                     ROICORE_FLOAT64, &held, err)))
-            return rc;
+        if ((rc = level_scale(rules, p, l, ROICORE_FLOAT64, &held, err))) return rc;
     }
     return ROICORE_OK;
 }
@@ -162,9 +192,15 @@ roicore_status roicore_pyramid_levels(const roicore_level_rules *level_rules,
     if ((rc = roicore_check_boxes(boxes, &any, 1, err))) return (roicore_status)rc;
     if (boxes->k > 0 && !levels)
         return roicore_fail(err, ROICORE_ERR_ARGUMENT, "levels is missing (NULL)");
-    if ((rc = roicore_check_disjoint(levels, 8 * boxes->k, "levels", boxes->coords,
+    if ((uintptr_t)levels % sizeof(int64_t))
+        return roicore_fail(err, ROICORE_ERR_ARGUMENT,
+                            "levels must be aligned to 8 bytes, got address %p", (void *)levels);
+    if ((rc = check_canonical_size(pyramid, dtype, err)) ||
+        (rc = roicore_check_disjoint(levels, 8 * boxes->k, "levels", boxes->coords,
                                      4 * boxes->k * (int64_t)roicore_dtype_size(dtype), "boxes",
-                                     err)))
+                                     err)) ||
+        (rc = roicore_check_disjoint(levels, 8 * boxes->k, "levels", boxes->batch,
+                                     8 * boxes->k, "batch indices", err)))
         return (roicore_status)rc;
     if (dtype == ROICORE_FLOAT32)
         assign_levels_f32(level_rules, pyramid, boxes, levels);
@@ -187,12 +223,19 @@ roicore_status roicore_pyramid_roi_align_forward(const roicore_roi_align_rules *
     if ((rc = check_common(rules, level_rules, pyramid, sampling_ratio, aligned, err)) ||
         (rc = check_maps(maps, pyramid->n_levels, "maps", err)))
         return (roicore_status)rc;
-    for (int64_t l = 0; l < pyramid->n_levels; ++l)
-        if ((rc = roicore_check_forward(exec, &maps[l], boxes, maps[0].c, out, err)))
+    char name[32];
+    for (int64_t l = 0; l < pyramid->n_levels; ++l) {
+        snprintf(name, sizeof name, "maps[%lld]", (long long)l);
+        if ((out && (rc = roicore_check_disjoint(out->data, roicore_tensor_bytes(out), "out",
+                                                 maps[l].data, roicore_tensor_bytes(&maps[l]),
+                                                 name, err))) ||
+            (rc = roicore_check_forward(exec, &maps[l], boxes, maps[0].c, out, err)))
             return (roicore_status)rc;
+    }
     const roicore_dtype dtype = maps[0].dtype;
     levels_plan plan;
-    if ((rc = plan_levels(rules, level_rules, pyramid, dtype, boxes, &plan, err))) {
+    if ((rc = plan_levels(rules, level_rules, pyramid, dtype, boxes, 1, out->h, out->w,
+                          sampling_ratio, aligned, &plan, err))) {
         roicore_scratch_free(plan.owned);
         return (roicore_status)rc;
     }
@@ -230,8 +273,14 @@ roicore_status roicore_pyramid_roi_align_backward(const roicore_roi_align_rules 
     roicore_tensor dx[ROICORE_MAX_LEVELS];
     for (int64_t l = 0; l < L; ++l) roicore_out_view(&grad_maps[l], &dx[l]);
     if ((rc = check_maps(dx, L, "grad_maps", err))) return (roicore_status)rc;
+    char name[32];
     for (int64_t l = 0; l < L; ++l) {
-        if ((rc = roicore_check_backward(exec, &dx[l], boxes, 1, dx[0].c, grad_output, err)))
+        snprintf(name, sizeof name, "grad_maps[%lld]", (long long)l);
+        if ((grad_output &&
+             (rc = roicore_check_disjoint(dx[l].data, roicore_tensor_bytes(&dx[l]), name,
+                                          grad_output->data, roicore_tensor_bytes(grad_output),
+                                          "grad_output", err))) ||
+            (rc = roicore_check_backward(exec, &dx[l], boxes, 1, dx[0].c, grad_output, err)))
             return (roicore_status)rc;
         for (int64_t j = 0; j < l; ++j)
             if ((rc = roicore_check_disjoint(dx[l].data, roicore_tensor_bytes(&dx[l]), "grad_maps",
@@ -241,7 +290,8 @@ roicore_status roicore_pyramid_roi_align_backward(const roicore_roi_align_rules 
     }
     const roicore_dtype dtype = dx[0].dtype;
     levels_plan plan;
-    if ((rc = plan_levels(rules, level_rules, pyramid, dtype, boxes, &plan, err))) {
+    if ((rc = plan_levels(rules, level_rules, pyramid, dtype, boxes, 0, grad_output->h,
+                          grad_output->w, sampling_ratio, aligned, &plan, err))) {
         roicore_scratch_free(plan.owned);
         return (roicore_status)rc;
     }

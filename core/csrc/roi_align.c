@@ -74,3 +74,15 @@ int roicore_align_rows(int forward, const roicore_roi_align_rules *rules,
     return align_run_f64(forward, rules, map, pooled, boxes, scale, sampling_ratio, aligned, rows,
                          run, err);
 }
+
+int roicore_align_check_grids(int forward, const roicore_roi_align_rules *rules,
+                              const roicore_boxes *boxes, roicore_dtype dtype, double scale,
+                              int64_t sampling_ratio, int aligned, int64_t PH, int64_t PW,
+                              const int64_t *rows, roicore_error *err) {
+    const int min_size_one = roicore_align_min_size_one(forward, rules, aligned);
+    if (dtype == ROICORE_FLOAT32)
+        return align_check_grids_f32(boxes, scale, sampling_ratio, aligned, min_size_one, PH, PW,
+                                     rows, err);
+    return align_check_grids_f64(boxes, scale, sampling_ratio, aligned, min_size_one, PH, PW,
+                                 rows, err);
+}

@@ -352,6 +352,27 @@ ROICORE_CLONES static void TYPED(align_grad_task)(const void *opv, BWD_TASK *t) 
     }
 }
 
+/* Every box's grid within the limits (see roicore_align_check_grids). */
+static int TYPED(align_check_grids)(const roicore_boxes *boxes, double scale,
+                                    int64_t sampling_ratio, int aligned, int min_size_one,
+                                    int64_t PH, int64_t PW, const int64_t *rows,
+                                    roicore_error *err) {
+    const T s = (T)scale, offset = aligned ? (T)0.5 : (T)0;
+    const T *c = (const T *)boxes->coords;
+    for (int64_t k = 0; k < boxes->k; ++k) {
+        if (boxes->masked && boxes->batch[k] < 0) continue;
+        T start, bin;
+        int64_t gy, gx;
+        TYPED(align_axis)(c[4 * k + 1], c[4 * k + 3], s, offset, PH, sampling_ratio,
+                          min_size_one, &start, &bin, &gy);
+        TYPED(align_axis)(c[4 * k + 0], c[4 * k + 2], s, offset, PW, sampling_ratio,
+                          min_size_one, &start, &bin, &gx);
+        const int rc = roicore_check_grid(rows ? rows[k] : k, gy, gx, err);
+        if (rc) return rc;
+    }
+    return ROICORE_OK;
+}
+
 /* Forward or backward over `boxes`; with `rows`, box k's output (upstream gradient) is row
  * rows[k] of `pooled`, else row k. */
 static int TYPED(align_run)(int forward, const roicore_roi_align_rules *rules,
@@ -371,7 +392,7 @@ static int TYPED(align_run)(int forward, const roicore_roi_align_rules *rules,
     op.sum = rules->reduction == ROICORE_REDUCTION_SUM;
     op.empty_nan = rules->empty_grid == ROICORE_EMPTY_GRID_NAN && !op.sum;
     op.divide = op.sampler == ROICORE_SAMPLER_CAFFE2;
-    const int min_size_one = !aligned || (!forward && rules->backward_min_size_always);
+    const int min_size_one = roicore_align_min_size_one(forward, rules, aligned);
     const int64_t written = roicore_tensor_bytes(forward ? pooled : map);
     void *owned[2] = {NULL, NULL};
     int rc = TYPED(align_tables)(&op, boxes, scale, sampling_ratio, aligned, min_size_one,

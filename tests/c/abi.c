@@ -22,6 +22,8 @@ SIZE(roicore_dtype, 4);
 SIZE(roicore_layout, 4);
 SIZE(roicore_index_type, 4);
 SIZE(roicore_precision, 4);
+SIZE(roicore_level_epsilon, 4);
+SIZE(roicore_level_invalid, 4);
 
 SIZE(roicore_error, 592);
 AT(roicore_error, code, 0);
@@ -89,6 +91,20 @@ AT(roicore_roi_align_rules, reserved, 20);
 SIZE(roicore_ps_roi_align_rules, 64);
 AT(roicore_ps_roi_align_rules, scale_precision, 0);
 AT(roicore_ps_roi_align_rules, reserved, 4);
+SIZE(roicore_level_rules, 64);
+AT(roicore_level_rules, pixel_offset, 0);
+AT(roicore_level_rules, epsilon, 4);
+AT(roicore_level_rules, epsilon_inside, 8);
+AT(roicore_level_rules, invalid, 12);
+AT(roicore_level_rules, reserved, 16);
+
+SIZE(roicore_pyramid, 72);
+AT(roicore_pyramid, n_levels, 0);
+AT(roicore_pyramid, first_level, 8);
+AT(roicore_pyramid, canonical_level, 16);
+AT(roicore_pyramid, canonical_size, 24);
+AT(roicore_pyramid, spatial_scales, 32);
+AT(roicore_pyramid, reserved, 40);
 #endif
 
 /* ------------------------------------------------------------------------ values */
@@ -128,17 +144,26 @@ VALUE(ROICORE_EMPTY_GRID_ZERO, 0);
 VALUE(ROICORE_EMPTY_GRID_NAN, 1);
 VALUE(ROICORE_REDUCTION_MEAN, 0);
 VALUE(ROICORE_REDUCTION_SUM, 1);
+VALUE(ROICORE_LEVEL_EPSILON_1E6, 0);
+VALUE(ROICORE_LEVEL_EPSILON_1E8, 1);
+VALUE(ROICORE_LEVEL_INVALID_NAN, 0);
+VALUE(ROICORE_LEVEL_INVALID_ZERO, 1);
+VALUE(ROICORE_LEVEL_INVALID_SKIP, 2);
 /* fields a stored rules array may hold, and those it must hold (older arrays stay valid) */
 VALUE(ROICORE_MAX_POOL_RULES_REQUIRED, 6);
 VALUE(ROICORE_BILINEAR_POOL_RULES_REQUIRED, 1);
 VALUE(ROICORE_PS_ROI_POOL_RULES_REQUIRED, 1);
 VALUE(ROICORE_ROI_ALIGN_RULES_REQUIRED, 4);
 VALUE(ROICORE_PS_ROI_ALIGN_RULES_REQUIRED, 1);
+VALUE(ROICORE_LEVEL_RULES_REQUIRED, 4);
 PIN(ROICORE_MAX_POOL_RULES_FIELDS >= 7, "MaxPoolRules lost a field");
 PIN(ROICORE_BILINEAR_POOL_RULES_FIELDS >= 2, "BilinearPoolRules lost a field");
 PIN(ROICORE_PS_ROI_POOL_RULES_FIELDS >= 2, "PSRoIPoolRules lost a field");
 PIN(ROICORE_ROI_ALIGN_RULES_FIELDS >= 5, "RoIAlignRules lost a field");
 PIN(ROICORE_PS_ROI_ALIGN_RULES_FIELDS >= 1, "PSRoIAlignRules lost a field");
+PIN(ROICORE_LEVEL_RULES_FIELDS >= 4, "LevelRules lost a field");
+/* a program may size its per-level arrays by it: it may grow, never shrink */
+PIN(ROICORE_MAX_LEVELS >= 64, "ROICORE_MAX_LEVELS shrank");
 VALUE(ROICORE_MESSAGE_SIZE, 480);
 VALUE(ROICORE_ARGUMENT_SIZE, 64);
 
@@ -162,6 +187,8 @@ FN(roicore_roi_align_rules_from_array,
    roicore_status (*)(const int64_t *, int64_t, roicore_roi_align_rules *, ERR_T));
 FN(roicore_ps_roi_align_rules_from_array,
    roicore_status (*)(const int64_t *, int64_t, roicore_ps_roi_align_rules *, ERR_T));
+FN(roicore_level_rules_from_array,
+   roicore_status (*)(const int64_t *, int64_t, roicore_level_rules *, ERR_T));
 FN(roicore_batch_from_column, roicore_status (*)(const void *, roicore_dtype, int64_t, int64_t,
                                                  int64_t, int, const char *, int64_t *, ERR_T));
 FN(roicore_batch_from_indices, roicore_status (*)(const void *, roicore_index_type, int64_t,
@@ -211,6 +238,14 @@ FN(roicore_ps_roi_align_forward,
 FN(roicore_ps_roi_align_backward,
    roicore_status (*)(const roicore_ps_roi_align_rules *, IN_T, BOXES_T, double, int64_t, OUT_T,
                       EXEC_T, ERR_T));
+FN(roicore_pyramid_levels, roicore_status (*)(const roicore_level_rules *, const roicore_pyramid *,
+                                              roicore_dtype, BOXES_T, int64_t *, ERR_T));
+FN(roicore_pyramid_roi_align_forward,
+   roicore_status (*)(const roicore_roi_align_rules *, const roicore_level_rules *,
+                      const roicore_pyramid *, IN_T, BOXES_T, int64_t, int, OUT_T, EXEC_T, ERR_T));
+FN(roicore_pyramid_roi_align_backward,
+   roicore_status (*)(const roicore_roi_align_rules *, const roicore_level_rules *,
+                      const roicore_pyramid *, IN_T, BOXES_T, int64_t, int, OUT_T, EXEC_T, ERR_T));
 FN(roicore_abi_version, int (*)(void));
 FN(roicore_version_number, int (*)(void));
 FN(roicore_version_string, const char *(*)(void));

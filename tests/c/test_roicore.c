@@ -1034,6 +1034,612 @@ static void zero_sizes(void) {
     }
 }
 
+/* ------------------------------------------------------------------------ feature pyramids */
+
+/* torchvision's level rule (LevelMapper: floor(k0 + log2(s / s0) + 1e-6), a negative area's
+ * NaN not pooled), and the same with the two other answers to a reversed or empty box */
+static const roicore_level_rules TORCHVISION_LEVELS = {
+    .pixel_offset = 0, .epsilon = ROICORE_LEVEL_EPSILON_1E6, .epsilon_inside = 0,
+    .invalid = ROICORE_LEVEL_INVALID_NAN};
+static const roicore_level_rules ZERO_LEVELS = {
+    .pixel_offset = 0, .epsilon = ROICORE_LEVEL_EPSILON_1E6, .epsilon_inside = 0,
+    .invalid = ROICORE_LEVEL_INVALID_ZERO};
+static const roicore_level_rules SKIP_LEVELS = {
+    .pixel_offset = 0, .epsilon = ROICORE_LEVEL_EPSILON_1E6, .epsilon_inside = 0,
+    .invalid = ROICORE_LEVEL_INVALID_SKIP};
+static const roicore_roi_align_rules TORCHVISION_ALIGN = {
+    .sampler = ROICORE_SAMPLER_CAFFE2, .scale_precision = ROICORE_PRECISION_INPUT,
+    .empty_grid = ROICORE_EMPTY_GRID_ZERO, .backward_min_size_always = 0};
+
+/* levels first_level, first_level + 1, ... with torchvision's k0 = 4 and s0 = 224 */
+static roicore_pyramid pyramid_of(int64_t n_levels, int64_t first_level, const double *scales) {
+    roicore_pyramid p = {.n_levels = n_levels, .first_level = first_level, .canonical_level = 4,
+                         .canonical_size = 224, .spatial_scales = scales};
+    return p;
+}
+
+/* Each box's map index worked by hand: s = sqrt(w * h), level floor(4 + log2(s / 224) + eps)
+ * clamped to maps 0 .. 3 (levels 2 to 5). */
+static void pyramid_levels_rules(void) {
+    enum { K = 12 };
+    static const double rows[4 * K] = {
+        0, 0, 224, 224,                   /* s = 224: level 4 */
+        10, 20, 122, 132,                 /* 112: level 3 */
+        0, 0, 10, 10,                     /* 10: level -0.49, below the first map */
+        0, 0, 2000, 2000,                 /* level 7, the last map */
+        50, 0, 40, 30,                    /* x2 < x1: area -300 */
+        300, 300, 76, 76,                 /* reversed both ways: area 224**2 */
+        5, 5, 5, 20,                      /* area 0: log2(0) = -inf */
+        0, 0, 448, 448,                   /* level 5 exactly */
+        0, 0, 447, 447,                   /* 4.997 */
+        0, 0, 223, 223,                   /* 3.994 (224 with pixel_offset) */
+        0, 0, 223.99989, 223.99989,       /* 7e-7 short of level 4: eps 1e-6 lifts it */
+        0, 0, 15, 15,                     /* masked below */
+    };
+    static const int64_t want_nan[K] = {2, 1, 0, 3, -1, 2, 0, 3, 2, 1, 2, -1};
+    static const int64_t want_zero[K] = {2, 1, 0, 3, 0, 0, 0, 3, 2, 1, 2, -1};
+    static const int64_t want_skip[K] = {2, 1, 0, 3, -1, 2, -1, 3, 2, 1, 2, -1};
+    /* pixel_offset: every side one longer (the reversed box's area still negative) */
+    static const int64_t want_offset[K] = {2, 1, 0, 3, -1, 1, 0, 3, 3, 2, 2, -1};
+    /* eps 1e-8 inside the log: too small to lift the box 7e-7 short of level 4 */
+    static const int64_t want_inside[K] = {2, 1, 0, 3, -1, 2, 0, 3, 2, 1, 1, -1};
+    /* one map: every box from it, except what SKIP refuses (areas -300 and 0) */
+    static const int64_t want_one[K] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1};
+    static const int64_t want_one_skip[K] = {0, 0, 0, 0, -1, 0, -1, 0, 0, 0, 0, -1};
+    const roicore_level_rules offset = {.pixel_offset = 1, .invalid = ROICORE_LEVEL_INVALID_NAN};
+    const roicore_level_rules inside = {.epsilon = ROICORE_LEVEL_EPSILON_1E8, .epsilon_inside = 1};
+    const double scales[4] = {0.25, 0.125, 0.0625, 0.03125};
+    const roicore_pyramid four = pyramid_of(4, 2, scales), one = pyramid_of(1, 2, scales);
+    const struct {
+        const roicore_level_rules *rules;
+        const roicore_pyramid *pyramid;
+        const int64_t *want;
+        const char *name;
+    } cases[] = {{&TORCHVISION_LEVELS, &four, want_nan, "nan"},
+                 {&ZERO_LEVELS, &four, want_zero, "zero"},
+                 {&SKIP_LEVELS, &four, want_skip, "skip"},
+                 {&offset, &four, want_offset, "pixel_offset"},
+                 {&inside, &four, want_inside, "epsilon_inside 1e-8"},
+                 {&TORCHVISION_LEVELS, &one, want_one, "one map, nan"},
+                 {&ZERO_LEVELS, &one, want_one, "one map, zero"},
+                 {&SKIP_LEVELS, &one, want_one_skip, "one map, skip"}};
+    int64_t batch[K] = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, -1};
+    for (int d = 0; d < 2; ++d) {
+        array c = coords_of(DTYPES[d], rows, K);
+        roicore_boxes b = boxes_of(c, batch, K);
+        b.masked = 1;
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+            int64_t levels[K];
+            memset(levels, 0x5a, sizeof levels);
+            roicore_error err;
+            CHECK(roicore_pyramid_levels(cases[i].rules, cases[i].pyramid, DTYPES[d], &b, levels,
+                                         &err) == ROICORE_OK, "%s: %s", cases[i].name, err.message);
+            for (int k = 0; k < K; ++k)
+                CHECK(levels[k] == cases[i].want[k], "%s %s: box %d at map %lld, want %lld",
+                      cases[i].name, d ? "float64" : "float32", k, (long long)levels[k],
+                      (long long)cases[i].want[k]);
+        }
+        /* no boxes: nothing read, nothing written */
+        roicore_boxes none = {.k = 0};
+        roicore_error err;
+        CHECK(roicore_pyramid_levels(&TORCHVISION_LEVELS, &four, DTYPES[d], &none, NULL, &err) ==
+                  ROICORE_OK, "no boxes: %s", err.message);
+        free(c.data);
+    }
+}
+
+/* The pyramid of the operator tests: five maps of a 320 x 288 image, 1/4 to 1/64 (levels 2
+ * to 6), of two images; boxes of maps 0 to 3 (s from 34 to 559), none of map 4 (s >= 896),
+ * one reversed (not pooled) and one masked. */
+enum { PYR_N = 2, PYR_L = 5, PYR_K = 11, PYR_PH = 3, PYR_PW = 4 };
+static const double PYR_SCALES[PYR_L] = {0.25, 0.125, 0.0625, 0.03125, 0.015625};
+static const int64_t PYR_H[PYR_L] = {72, 36, 18, 9, 5}, PYR_W[PYR_L] = {80, 40, 20, 10, 5};
+static const double PYR_BOXES[4 * PYR_K] = {
+    10, 12, 40, 50,  100, 80, 210, 200,  0, 0, 319, 287,  -50, -60, 400, 390,
+    30.5, 40.25, 90.75, 70.5,  60, 50, 20, 90,  5, 5, 200, 250,  150, 100, 300, 280,
+    20, 30, 270, 260,  -100, -100, 500, 420,  10, 10, 250, 250};
+static const int64_t PYR_BATCH[PYR_K] = {0, 1, 1, 0, 1, 0, 0, 1, 1, 0, -1};
+static const int64_t PYR_LEVELS[PYR_K] = {0, 1, 2, 3, 0, -1, 1, 1, 2, 3, -1};
+
+/* RoIAlign conventions a pyramid pools with: torchvision's MultiScaleRoIAlign (sampling 2,
+ * not aligned), Paddle's (adaptive, aligned), and MXNet's scale held as a float32 */
+static const struct {
+    const roicore_roi_align_rules *rules;
+    int64_t sampling_ratio;
+    int aligned;
+    const char *name;
+} PYR_ALIGN[] = {{&TORCHVISION_ALIGN, 2, 0, "torchvision"},
+                 {&PADDLE_ALIGN, -1, 1, "paddle"},
+                 {&MXNET_ALIGN, 2, 1, "mxnet"}};
+
+/* PYR's maps with C channels of random values, NCHW */
+static void pyramid_maps(roicore_dtype dt, int64_t C, uint64_t seed, array maps[PYR_L]) {
+    for (int l = 0; l < PYR_L; ++l) {
+        maps[l] = new_array(dt, PYR_N * C * PYR_H[l] * PYR_W[l]);
+        for (int64_t i = 0; i < maps[l].n; ++i) set(maps[l], i, (double)lcg(&seed) / 2e9 - 1);
+    }
+}
+/* their tensors in `layout` (1 NHWC, 0 NCHW, -1 NHWC for even levels only), NHWC ones
+ * transposed copies held in nhwc[l] */
+static void pyramid_tensors(array maps[PYR_L], array nhwc[PYR_L], int64_t C, int layout,
+                            roicore_tensor t[PYR_L]) {
+    for (int l = 0; l < PYR_L; ++l) {
+        const int h = layout == 1 || (layout == -1 && l % 2 == 0);
+        nhwc[l] = h ? to_nhwc(maps[l], PYR_N, C, PYR_H[l], PYR_W[l]) : new_array(maps[l].dtype, 0);
+        t[l] = IN(h ? nhwc[l].data : maps[l].data, maps[l].dtype, h ? ROICORE_NHWC : ROICORE_NCHW,
+                  PYR_N, C, PYR_H[l], PYR_W[l]);
+    }
+}
+
+/* Each box's row equals RoIAlign of that box alone on its level's map at that level's scale,
+ * bit for bit; unpooled rows are 0 over a garbage-filled output; the same bits at 1, 2 and 3
+ * threads, and from NHWC maps or into an NHWC output.  C = 5 (a padded block) and 72 (whole
+ * blocks, and NHWC maps read in place). */
+static void pyramid_forward(void) {
+    const int64_t channels[] = {5, 72};
+    for (int d = 0; d < 2; ++d)
+        for (int ci = 0; ci < 2; ++ci) {
+            const roicore_dtype dt = DTYPES[d];
+            const int64_t C = channels[ci], bsz = dt == ROICORE_FLOAT32 ? 4 : 8;
+            const int64_t row = C * PYR_PH * PYR_PW, bytes = PYR_K * row * bsz;
+            array maps[PYR_L], nhwc[PYR_L], mixed[PYR_L];
+            roicore_tensor t[PYR_L], th[PYR_L], tm[PYR_L];
+            pyramid_maps(dt, C, 3 + (uint64_t)ci, maps);
+            pyramid_tensors(maps, nhwc, C, 1, th);
+            pyramid_tensors(maps, mixed, C, -1, tm);
+            array none[PYR_L];
+            pyramid_tensors(maps, none, C, 0, t);
+            array c = coords_of(dt, PYR_BOXES, PYR_K);
+            int64_t batch[PYR_K];
+            memcpy(batch, PYR_BATCH, sizeof batch);
+            roicore_boxes b = boxes_of(c, batch, PYR_K);
+            b.masked = 1;
+            const roicore_pyramid p = pyramid_of(PYR_L, 2, PYR_SCALES);
+            roicore_error err;
+            int64_t levels[PYR_K];
+            CHECK(roicore_pyramid_levels(&TORCHVISION_LEVELS, &p, dt, &b, levels, &err) == ROICORE_OK,
+                  "%s", err.message);
+            CHECK(memcmp(levels, PYR_LEVELS, sizeof levels) == 0, "the test boxes' levels moved");
+            for (size_t a = 0; a < sizeof PYR_ALIGN / sizeof PYR_ALIGN[0]; ++a) {
+                const roicore_roi_align_rules *rules = PYR_ALIGN[a].rules;
+                const int64_t sr = PYR_ALIGN[a].sampling_ratio;
+                const int aligned = PYR_ALIGN[a].aligned;
+                array out[3];
+                for (int n = 0; n < 3; ++n) {
+                    out[n] = new_array(dt, PYR_K * row);
+                    memset(out[n].data, 0xa5, (size_t)bytes);
+                    const roicore_exec ex = {.n_threads = n + 1};
+                    roicore_out_tensor to = OUT(out[n].data, dt, ROICORE_NCHW, PYR_K, C, PYR_PH, PYR_PW);
+                    CHECK(roicore_pyramid_roi_align_forward(rules, &TORCHVISION_LEVELS, &p, t, &b, sr,
+                                                            aligned, &to, &ex, &err) == ROICORE_OK,
+                          "%s forward: %s", PYR_ALIGN[a].name, err.message);
+                }
+                CHECK(memcmp(out[0].data, out[1].data, (size_t)bytes) == 0 &&
+                          memcmp(out[0].data, out[2].data, (size_t)bytes) == 0,
+                      "%s %s C=%lld: pyramid forward differs between 1, 2 and 3 threads",
+                      PYR_ALIGN[a].name, d ? "float64" : "float32", (long long)C);
+                array want = new_array(dt, row);  /* zeros, for the unpooled rows */
+                for (int64_t k = 0; k < PYR_K; ++k) {
+                    const int64_t l = PYR_LEVELS[k];
+                    if (l >= 0) {
+                        roicore_boxes one = {.coords = (const char *)c.data + 4 * k * bsz,
+                                             .batch = batch + k, .k = 1};
+                        roicore_out_tensor tw = OUT(want.data, dt, ROICORE_NCHW, 1, C, PYR_PH, PYR_PW);
+                        CHECK(roicore_roi_align_forward(rules, &t[l], &one, PYR_SCALES[l], sr, aligned,
+                                                        &tw, &one_thread, &err) == ROICORE_OK,
+                              "%s", err.message);
+                    } else {
+                        memset(want.data, 0, (size_t)(row * bsz));
+                    }
+                    CHECK(memcmp((char *)out[0].data + k * row * bsz, want.data, (size_t)(row * bsz)) == 0,
+                          "%s %s C=%lld: box %lld (map %lld) differs from RoIAlign on its map",
+                          PYR_ALIGN[a].name, d ? "float64" : "float32", (long long)C, (long long)k,
+                          (long long)l);
+                }
+                /* NHWC maps into an NHWC output: the transposed rows; NHWC maps of some levels
+                 * only, into an NCHW output: the same rows */
+                array got_h = new_array(dt, PYR_K * row), got_m = new_array(dt, PYR_K * row);
+                memset(got_h.data, 0xa5, (size_t)bytes);
+                memset(got_m.data, 0xa5, (size_t)bytes);
+                roicore_out_tensor toh = OUT(got_h.data, dt, ROICORE_NHWC, PYR_K, C, PYR_PH, PYR_PW);
+                roicore_out_tensor tom = OUT(got_m.data, dt, ROICORE_NCHW, PYR_K, C, PYR_PH, PYR_PW);
+                CHECK(roicore_pyramid_roi_align_forward(rules, &TORCHVISION_LEVELS, &p, th, &b, sr,
+                                                        aligned, &toh, &three_threads, &err) == ROICORE_OK,
+                      "NHWC: %s", err.message);
+                CHECK(roicore_pyramid_roi_align_forward(rules, &TORCHVISION_LEVELS, &p, tm, &b, sr,
+                                                        aligned, &tom, &three_threads, &err) == ROICORE_OK,
+                      "mixed layouts: %s", err.message);
+                array want_h = to_nhwc(out[0], PYR_K, C, PYR_PH, PYR_PW);
+                CHECK(memcmp(want_h.data, got_h.data, (size_t)bytes) == 0,
+                      "%s %s C=%lld: NHWC pyramid forward differs from NCHW", PYR_ALIGN[a].name,
+                      d ? "float64" : "float32", (long long)C);
+                CHECK(memcmp(out[0].data, got_m.data, (size_t)bytes) == 0,
+                      "%s %s C=%lld: pyramid forward from maps of mixed layouts differs",
+                      PYR_ALIGN[a].name, d ? "float64" : "float32", (long long)C);
+                free(want.data); free(want_h.data); free(got_h.data); free(got_m.data);
+                for (int n = 0; n < 3; ++n) free(out[n].data);
+            }
+            for (int l = 0; l < PYR_L; ++l) {
+                free(maps[l].data); free(nhwc[l].data); free(mixed[l].data); free(none[l].data);
+            }
+            free(c.data);
+        }
+}
+
+/* Each grad map equals RoIAlign's backward over only its level's boxes (their coordinates,
+ * images and upstream rows gathered by hand), bit for bit, every element written over a
+ * NaN fill; map 4, which no box reaches, all zeros; 1 and 3 threads and NHWC alike. */
+static void pyramid_backward(void) {
+    const int64_t channels[] = {5, 72};
+    for (int d = 0; d < 2; ++d)
+        for (int ci = 0; ci < 2; ++ci) {
+            const roicore_dtype dt = DTYPES[d];
+            const int64_t C = channels[ci], bsz = dt == ROICORE_FLOAT32 ? 4 : 8;
+            const int64_t row = C * PYR_PH * PYR_PW;
+            uint64_t seed = 17 + (uint64_t)ci;
+            array g = new_array(dt, PYR_K * row);
+            for (int64_t i = 0; i < g.n; ++i) set(g, i, (double)lcg(&seed) / 2e9 - 1);
+            array gh = to_nhwc(g, PYR_K, C, PYR_PH, PYR_PW);
+            roicore_tensor tg = IN(g.data, dt, ROICORE_NCHW, PYR_K, C, PYR_PH, PYR_PW);
+            roicore_tensor tgh = IN(gh.data, dt, ROICORE_NHWC, PYR_K, C, PYR_PH, PYR_PW);
+            array c = coords_of(dt, PYR_BOXES, PYR_K);
+            int64_t batch[PYR_K];
+            memcpy(batch, PYR_BATCH, sizeof batch);
+            roicore_boxes b = boxes_of(c, batch, PYR_K);
+            b.masked = 1;
+            const roicore_pyramid p = pyramid_of(PYR_L, 2, PYR_SCALES);
+            for (size_t a = 0; a < sizeof PYR_ALIGN / sizeof PYR_ALIGN[0]; ++a) {
+                const roicore_roi_align_rules *rules = PYR_ALIGN[a].rules;
+                const int64_t sr = PYR_ALIGN[a].sampling_ratio;
+                const int aligned = PYR_ALIGN[a].aligned;
+                array dx[3][PYR_L];  /* 1 thread, 3 threads, NHWC */
+                roicore_out_tensor tdx[3][PYR_L];
+                roicore_error err;
+                for (int v = 0; v < 3; ++v) {
+                    for (int l = 0; l < PYR_L; ++l) {
+                        dx[v][l] = new_array(dt, PYR_N * C * PYR_H[l] * PYR_W[l]);
+                        for (int64_t i = 0; i < dx[v][l].n; ++i) set(dx[v][l], i, NAN);
+                        tdx[v][l] = OUT(dx[v][l].data, dt, v == 2 ? ROICORE_NHWC : ROICORE_NCHW,
+                                        PYR_N, C, PYR_H[l], PYR_W[l]);
+                    }
+                    CHECK(roicore_pyramid_roi_align_backward(rules, &TORCHVISION_LEVELS, &p,
+                                                             v == 2 ? &tgh : &tg, &b, sr, aligned,
+                                                             tdx[v], v ? &three_threads : &one_thread,
+                                                             &err) == ROICORE_OK,
+                          "%s backward: %s", PYR_ALIGN[a].name, err.message);
+                }
+                for (int l = 0; l < PYR_L; ++l) {
+                    /* level l's boxes, images and upstream rows, in box order */
+                    array lc = new_array(dt, 4 * PYR_K), lg = new_array(dt, PYR_K * row);
+                    int64_t lb[PYR_K], lk = 0;
+                    for (int64_t k = 0; k < PYR_K; ++k) {
+                        if (PYR_LEVELS[k] != l) continue;
+                        memcpy((char *)lc.data + 4 * lk * bsz, (char *)c.data + 4 * k * bsz, (size_t)(4 * bsz));
+                        memcpy((char *)lg.data + lk * row * bsz, (char *)g.data + k * row * bsz, (size_t)(row * bsz));
+                        lb[lk++] = batch[k];
+                    }
+                    array want = new_array(dt, dx[0][l].n);
+                    for (int64_t i = 0; i < want.n; ++i) set(want, i, 7);
+                    roicore_boxes sub = boxes_of(lc, lb, lk);
+                    roicore_tensor tlg = IN(lg.data, dt, ROICORE_NCHW, lk, C, PYR_PH, PYR_PW);
+                    roicore_out_tensor tw = OUT(want.data, dt, ROICORE_NCHW, PYR_N, C, PYR_H[l], PYR_W[l]);
+                    CHECK(roicore_roi_align_backward(rules, &tlg, &sub, PYR_SCALES[l], sr, aligned, &tw,
+                                                     &one_thread, &err) == ROICORE_OK, "%s", err.message);
+                    const size_t n_bytes = (size_t)(want.n * bsz);
+                    CHECK(memcmp(want.data, dx[0][l].data, n_bytes) == 0,
+                          "%s %s C=%lld: grad map %d differs from RoIAlign's backward over its %lld boxes",
+                          PYR_ALIGN[a].name, d ? "float64" : "float32", (long long)C, l, (long long)lk);
+                    CHECK(memcmp(dx[0][l].data, dx[1][l].data, n_bytes) == 0,
+                          "%s %s C=%lld: grad map %d differs between 1 and 3 threads",
+                          PYR_ALIGN[a].name, d ? "float64" : "float32", (long long)C, l);
+                    array want_h = to_nhwc(dx[0][l], PYR_N, C, PYR_H[l], PYR_W[l]);
+                    CHECK(memcmp(want_h.data, dx[2][l].data, n_bytes) == 0,
+                          "%s %s C=%lld: NHWC grad map %d differs from NCHW", PYR_ALIGN[a].name,
+                          d ? "float64" : "float32", (long long)C, l);
+                    if (l == PYR_L - 1) {
+                        int zero = lk == 0;
+                        for (int64_t i = 0; i < dx[0][l].n; ++i) zero &= get(dx[0][l], i) == 0;
+                        CHECK(zero, "the grad map no box reaches is not all zeros");
+                    }
+                    free(lc.data); free(lg.data); free(want.data); free(want_h.data);
+                }
+                for (int v = 0; v < 3; ++v)
+                    for (int l = 0; l < PYR_L; ++l) free(dx[v][l].data);
+            }
+            free(g.data); free(gh.data); free(c.data);
+        }
+    /* no boxes at all: every grad map zeroed, and a forward with nothing to write */
+    float dx0[2 * 3 * 16], dx1[2 * 3 * 4];
+    for (int i = 0; i < 96; ++i) dx0[i] = NAN;
+    for (int i = 0; i < 24; ++i) dx1[i] = NAN;
+    const double scales[2] = {0.25, 0.125};
+    const roicore_pyramid p = pyramid_of(2, 2, scales);
+    roicore_out_tensor tdx[2] = {OUT(dx0, ROICORE_FLOAT32, ROICORE_NCHW, 2, 3, 4, 4),
+                                 OUT(dx1, ROICORE_FLOAT32, ROICORE_NHWC, 2, 3, 2, 2)};
+    roicore_tensor maps[2] = {IN(dx0, ROICORE_FLOAT32, ROICORE_NCHW, 2, 3, 4, 4),
+                              IN(dx1, ROICORE_FLOAT32, ROICORE_NHWC, 2, 3, 2, 2)};
+    roicore_tensor g = IN(NULL, ROICORE_FLOAT32, ROICORE_NCHW, 0, 3, 2, 2);
+    roicore_out_tensor y = OUT(NULL, ROICORE_FLOAT32, ROICORE_NCHW, 0, 3, 2, 2);
+    roicore_boxes none = {.k = 0};
+    roicore_error err;
+    CHECK(roicore_pyramid_roi_align_forward(&TORCHVISION_ALIGN, &TORCHVISION_LEVELS, &p, maps, &none,
+                                            2, 0, &y, NULL, &err) == ROICORE_OK, "%s", err.message);
+    CHECK(roicore_pyramid_roi_align_backward(&TORCHVISION_ALIGN, &TORCHVISION_LEVELS, &p, &g, &none,
+                                             2, 0, tdx, NULL, &err) == ROICORE_OK, "%s", err.message);
+    int zero = 1;
+    for (int i = 0; i < 96; ++i) zero &= dx0[i] == 0;
+    for (int i = 0; i < 24; ++i) zero &= dx1[i] == 0;
+    CHECK(zero, "a pyramid backward without boxes left a grad map nonzero");
+}
+
+/* `call` fails with `want` and a message holding `text` */
+#define EXPECT_SAYS(call, want, text)                                                       \
+    do {                                                                                    \
+        EXPECT(call, want);                                                                 \
+        CHECK(strstr(err.message, text) != NULL, "%s: '%s' does not say '%s'", #call,       \
+              err.message, text);                                                           \
+    } while (0)
+
+/* Every argument of the pyramid's functions checked, with a message naming it, before any
+ * output is written. */
+static void pyramid_bad_input(void) {
+    enum { N = 2, C = 3, K = 2 };
+    const double scales_0[3] = {0.25, 0.125, 0.0625};
+    double scales[3] = {0.25, 0.125, 0.0625};
+    const int64_t side[3] = {16, 8, 4};
+    array m[3], dx[3];
+    roicore_tensor maps[3];
+    roicore_out_tensor gmaps[3];
+    for (int l = 0; l < 3; ++l) {
+        m[l] = arange(ROICORE_FLOAT32, N * C * side[l] * side[l], 0, 1);
+        dx[l] = new_array(ROICORE_FLOAT32, m[l].n);
+        for (int64_t i = 0; i < dx[l].n; ++i) set(dx[l], i, 7);
+        maps[l] = tensor(m[l], N, C, side[l], side[l]);
+        gmaps[l] = out_tensor(dx[l], N, C, side[l], side[l]);
+    }
+    static const double rows[] = {0, 0, 30, 30, 8, 4, 60, 50};
+    array c = coords_of(ROICORE_FLOAT32, rows, K);
+    int64_t batch[K] = {0, 1}, levels[K] = {5, 5};
+    array out = new_array(ROICORE_FLOAT32, K * C * 4), g = arange(ROICORE_FLOAT32, K * C * 4, 1, 0);
+    for (int64_t i = 0; i < out.n; ++i) set(out, i, 99);
+    roicore_out_tensor to = out_tensor(out, K, C, 2, 2);
+    roicore_tensor tg = tensor(g, K, C, 2, 2);
+    roicore_boxes b = boxes_of(c, batch, K);
+    roicore_pyramid p = pyramid_of(3, 2, scales);
+    roicore_level_rules lr = TORCHVISION_LEVELS;
+    const roicore_roi_align_rules *ar = &TORCHVISION_ALIGN;
+    roicore_error err;
+#define FWD(rules_, lr_, p_, maps_) \
+    roicore_pyramid_roi_align_forward(rules_, lr_, p_, maps_, &b, 2, 0, &to, &one_thread, &err)
+#define BWD(rules_, lr_, p_, gmaps_) \
+    roicore_pyramid_roi_align_backward(rules_, lr_, p_, &tg, &b, 2, 0, gmaps_, &one_thread, &err)
+#define LEVELS(lr_, p_) roicore_pyramid_levels(lr_, p_, ROICORE_FLOAT32, &b, levels, &err)
+    /* missing pointers */
+    EXPECT_SAYS(FWD(NULL, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "RoIAlign rules");
+    EXPECT_SAYS(BWD(NULL, &lr, &p, gmaps), ROICORE_ERR_ARGUMENT, "RoIAlign rules");
+    EXPECT_SAYS(FWD(ar, NULL, &p, maps), ROICORE_ERR_ARGUMENT, "level rules");
+    EXPECT_SAYS(BWD(ar, NULL, &p, gmaps), ROICORE_ERR_ARGUMENT, "level rules");
+    EXPECT_SAYS(LEVELS(NULL, &p), ROICORE_ERR_ARGUMENT, "level rules");
+    EXPECT_SAYS(FWD(ar, &lr, NULL, maps), ROICORE_ERR_ARGUMENT, "pyramid");
+    EXPECT_SAYS(BWD(ar, &lr, NULL, gmaps), ROICORE_ERR_ARGUMENT, "pyramid");
+    EXPECT_SAYS(LEVELS(&lr, NULL), ROICORE_ERR_ARGUMENT, "pyramid");
+    EXPECT_SAYS(FWD(ar, &lr, &p, NULL), ROICORE_ERR_ARGUMENT, "maps");
+    EXPECT_SAYS(BWD(ar, &lr, &p, NULL), ROICORE_ERR_ARGUMENT, "grad_maps");
+    EXPECT_SAYS(roicore_pyramid_levels(&lr, &p, ROICORE_FLOAT32, &b, NULL, &err), ROICORE_ERR_ARGUMENT, "levels");
+    p.spatial_scales = NULL;
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "spatial_scales");
+    EXPECT_SAYS(BWD(ar, &lr, &p, gmaps), ROICORE_ERR_ARGUMENT, "spatial_scales");
+    p.spatial_scales = scales;
+    /* the pyramid's fields */
+    const int64_t bad_levels[] = {0, -1, ROICORE_MAX_LEVELS + 1};
+    for (int i = 0; i < 3; ++i) {
+        p.n_levels = bad_levels[i];
+        EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "levels");
+        EXPECT_SAYS(BWD(ar, &lr, &p, gmaps), ROICORE_ERR_ARGUMENT, "levels");
+        EXPECT_SAYS(LEVELS(&lr, &p), ROICORE_ERR_ARGUMENT, "levels");
+    }
+    p.n_levels = 3;
+    const double bad_sizes[] = {0, -224, NAN, INFINITY};
+    for (int i = 0; i < 4; ++i) {
+        p.canonical_size = bad_sizes[i];
+        EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "canonical_size");
+        EXPECT_SAYS(BWD(ar, &lr, &p, gmaps), ROICORE_ERR_ARGUMENT, "canonical_size");
+        EXPECT_SAYS(LEVELS(&lr, &p), ROICORE_ERR_ARGUMENT, "canonical_size");
+    }
+    p.canonical_size = 224;
+    p.first_level = 1025;
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "first_level");
+    p.first_level = 2;
+    p.canonical_level = -1025;
+    EXPECT_SAYS(LEVELS(&lr, &p), ROICORE_ERR_ARGUMENT, "canonical_level");
+    p.canonical_level = 4;
+    for (int i = 0; i < 4; ++i) {
+        p.reserved[i] = 1;
+        EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "reserved");
+        EXPECT_SAYS(BWD(ar, &lr, &p, gmaps), ROICORE_ERR_ARGUMENT, "reserved");
+        EXPECT_SAYS(LEVELS(&lr, &p), ROICORE_ERR_ARGUMENT, "reserved");
+        p.reserved[i] = 0;
+    }
+    /* the level rules' codes and reserved fields */
+    lr.invalid = (roicore_level_invalid)3;
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "LevelRules.invalid");
+    EXPECT_SAYS(LEVELS(&lr, &p), ROICORE_ERR_ARGUMENT, "LevelRules.invalid");
+    lr = TORCHVISION_LEVELS;
+    lr.epsilon = (roicore_level_epsilon)2;
+    EXPECT_SAYS(BWD(ar, &lr, &p, gmaps), ROICORE_ERR_ARGUMENT, "LevelRules.epsilon");
+    lr = TORCHVISION_LEVELS;
+    lr.pixel_offset = 2;
+    EXPECT_SAYS(LEVELS(&lr, &p), ROICORE_ERR_ARGUMENT, "LevelRules.pixel_offset");
+    lr = TORCHVISION_LEVELS;
+    lr.epsilon_inside = -1;
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "LevelRules.epsilon_inside");
+    lr = TORCHVISION_LEVELS;
+    lr.reserved[11] = 1;
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "reserved");
+    EXPECT_SAYS(BWD(ar, &lr, &p, gmaps), ROICORE_ERR_ARGUMENT, "reserved");
+    EXPECT_SAYS(LEVELS(&lr, &p), ROICORE_ERR_ARGUMENT, "reserved");
+    lr = TORCHVISION_LEVELS;
+    EXPECT_SAYS(roicore_pyramid_levels(&lr, &p, (roicore_dtype)7, &b, levels, &err), ROICORE_ERR_ARGUMENT, "dtype");
+    /* maps that disagree with maps[0] in N, C or dtype, and a map of no rows */
+    maps[1].n = 3;
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "maps[1]");
+    maps[1].n = N;
+    maps[2].c = 2;
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "maps[2]");
+    maps[2].c = C;
+    maps[1].dtype = ROICORE_FLOAT64;
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "maps[1]");
+    maps[1].dtype = ROICORE_FLOAT32;
+    maps[2].h = 0;
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "maps[2]");
+    maps[2].h = 4;
+    maps[2].reserved[0] = 1;
+    EXPECT(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT);
+    maps[2].reserved[0] = 0;
+    gmaps[2].c = 4;
+    EXPECT_SAYS(BWD(ar, &lr, &p, gmaps), ROICORE_ERR_ARGUMENT, "grad_maps[2]");
+    gmaps[2].c = C;
+    gmaps[1].dtype = ROICORE_FLOAT64;
+    EXPECT_SAYS(BWD(ar, &lr, &p, gmaps), ROICORE_ERR_ARGUMENT, "grad_maps[1]");
+    gmaps[1].dtype = ROICORE_FLOAT32;
+    /* spatial scales: negative, NaN, and one a float32 holds as 0 */
+    const double bad_scales[] = {-0.125, NAN, INFINITY, 1e-50};
+    for (int i = 0; i < 4; ++i) {
+        scales[1] = bad_scales[i];
+        EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "spatial_scale");
+        EXPECT_SAYS(BWD(ar, &lr, &p, gmaps), ROICORE_ERR_ARGUMENT, "spatial_scale");
+    }
+    scales[1] = scales_0[1];
+    /* outputs of the wrong shape or dtype, upstream gradients of the wrong shape */
+    to.n = 3;
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "out");
+    to.n = K;
+    to.c = 2;
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "out");
+    to.c = C;
+    to.dtype = ROICORE_FLOAT64;
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "out");
+    to.dtype = ROICORE_FLOAT32;
+    to.h = 0;
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "out");
+    to.h = 2;
+    tg.n = 1;
+    EXPECT_SAYS(BWD(ar, &lr, &p, gmaps), ROICORE_ERR_ARGUMENT, "grad_output");
+    tg.n = K;
+    /* outputs sharing memory: with a map, with each other, with the boxes */
+    to.data = m[2].data;
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "share memory");
+    to.data = out.data;
+    gmaps[2].data = (float *)dx[0].data + 8;
+    EXPECT_SAYS(BWD(ar, &lr, &p, gmaps), ROICORE_ERR_ARGUMENT, "grad_maps");
+    gmaps[2].data = dx[2].data;
+    gmaps[1] = OUT(g.data, ROICORE_FLOAT32, ROICORE_NCHW, N, C, 2, 2);  /* g's bytes exactly */
+    EXPECT_SAYS(BWD(ar, &lr, &p, gmaps), ROICORE_ERR_ARGUMENT, "grad_output");
+    gmaps[1] = out_tensor(dx[1], N, C, 8, 8);
+    EXPECT_SAYS(roicore_pyramid_levels(&lr, &p, ROICORE_FLOAT32, &b, (int64_t *)c.data, &err), ROICORE_ERR_ARGUMENT, "levels");
+    /* sampling ratio, aligned, exec */
+    EXPECT(roicore_pyramid_roi_align_forward(ar, &lr, &p, maps, &b, 5000, 0, &to, NULL, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_pyramid_roi_align_backward(ar, &lr, &p, &tg, &b, 2, 2, gmaps, NULL, &err), ROICORE_ERR_ARGUMENT);
+    roicore_exec ex = {.n_threads = 1};
+    ex.reserved[0] = &ex;
+    EXPECT(roicore_pyramid_roi_align_forward(ar, &lr, &p, maps, &b, 2, 0, &to, &ex, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_pyramid_roi_align_backward(ar, &lr, &p, &tg, &b, 2, 0, gmaps, &ex, &err), ROICORE_ERR_ARGUMENT);
+    /* box data: an image out of range, a non-finite coordinate, a coordinate beyond 2**24
+     * pixels at its own level's scale */
+    batch[1] = 2;
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_VALUE, "batch[1] = 2");
+    EXPECT_SAYS(BWD(ar, &lr, &p, gmaps), ROICORE_ERR_VALUE, "batch[1] = 2");
+    CHECK(strcmp(err.argument, "batch") == 0 && err.index == 1, "argument '%s' index %lld",
+          err.argument, (long long)err.index);
+    batch[1] = -1;
+    EXPECT(LEVELS(&lr, &p), ROICORE_ERR_VALUE);
+    batch[1] = 1;
+    set(c, 6, NAN);
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_VALUE, "finite");
+    EXPECT_SAYS(BWD(ar, &lr, &p, gmaps), ROICORE_ERR_VALUE, "finite");
+    EXPECT_SAYS(LEVELS(&lr, &p), ROICORE_ERR_VALUE, "finite");
+    CHECK(strcmp(err.argument, "boxes") == 0 && err.index == 1, "argument '%s' index %lld",
+          err.argument, (long long)err.index);
+    set(c, 6, -INFINITY);
+    EXPECT(FWD(ar, &lr, &p, maps), ROICORE_ERR_VALUE);
+    set(c, 6, 60);
+    /* 24 x 24 at x = 7e7: map 0, where 7e7 / 4 pixels is beyond 2**24 */
+    set(c, 4, 7e7);
+    set(c, 6, 7e7 + 24);
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_VALUE, "map 0");
+    EXPECT_SAYS(BWD(ar, &lr, &p, gmaps), ROICORE_ERR_VALUE, "map 0");
+    CHECK(strcmp(err.argument, "boxes") == 0 && err.index == 1, "argument '%s' index %lld",
+          err.argument, (long long)err.index);
+    set(c, 4, 8);
+    set(c, 6, 60);
+    /* nothing was written */
+    int untouched = 1;
+    for (int64_t i = 0; i < out.n; ++i) untouched &= get(out, i) == 99;
+    for (int l = 0; l < 3; ++l)
+        for (int64_t i = 0; i < dx[l].n; ++i) untouched &= get(dx[l], i) == 7;
+    untouched &= levels[0] == 5 && levels[1] == 5;
+    CHECK(untouched, "a refused pyramid call wrote to its outputs");
+    /* and the arguments, restored, are good */
+    CHECK(FWD(ar, &lr, &p, maps) == ROICORE_OK, "%s", err.message);
+    CHECK(BWD(ar, &lr, &p, gmaps) == ROICORE_OK, "%s", err.message);
+    CHECK(LEVELS(&lr, &p) == ROICORE_OK && levels[0] == 0 && levels[1] == 0, "%s", err.message);
+    /* a far box the size of the last map's boxes is in range there */
+    set(c, 4, 7e7);
+    set(c, 6, 7e7 + 2000);
+    set(c, 7, 2004);
+    CHECK(FWD(ar, &lr, &p, maps) == ROICORE_OK, "%s", err.message);
+    CHECK(LEVELS(&lr, &p) == ROICORE_OK && levels[1] == 2, "%s", err.message);
+#undef FWD
+#undef BWD
+#undef LEVELS
+    /* rules from arrays: all four fields, too many (a newer roicore's), too few, bad codes */
+    const int64_t fields[] = {1, 1, 1, 2, 0};
+    roicore_level_rules from;
+    memset(&from, 0x5a, sizeof from);
+    CHECK(roicore_level_rules_from_array(fields, 4, &from, &err) == ROICORE_OK &&
+              from.pixel_offset == 1 && from.epsilon == ROICORE_LEVEL_EPSILON_1E8 &&
+              from.epsilon_inside == 1 && from.invalid == ROICORE_LEVEL_INVALID_SKIP &&
+              from.reserved[0] == 0 && from.reserved[11] == 0,
+          "a 4-field LevelRules array: %s", err.message);
+    EXPECT_SAYS(roicore_level_rules_from_array(fields, 5, &from, &err), ROICORE_ERR_ARGUMENT, "newer roicore");
+    EXPECT_SAYS(roicore_level_rules_from_array(fields, 3, &from, &err), ROICORE_ERR_ARGUMENT, "LevelRules");
+    EXPECT(roicore_level_rules_from_array(NULL, 4, &from, &err), ROICORE_ERR_ARGUMENT);
+    EXPECT(roicore_level_rules_from_array(fields, 4, NULL, &err), ROICORE_ERR_ARGUMENT);
+    const int64_t bad_invalid[] = {0, 0, 0, 3}, bad_epsilon[] = {0, -1, 0, 0},
+                  bad_offset[] = {(int64_t)1 << 32, 0, 0, 0};
+    EXPECT_SAYS(roicore_level_rules_from_array(bad_invalid, 4, &from, &err), ROICORE_ERR_ARGUMENT, "LevelRules.invalid");
+    EXPECT_SAYS(roicore_level_rules_from_array(bad_epsilon, 4, &from, &err), ROICORE_ERR_ARGUMENT, "LevelRules.epsilon");
+    EXPECT_SAYS(roicore_level_rules_from_array(bad_offset, 4, &from, &err), ROICORE_ERR_ARGUMENT, "LevelRules.pixel_offset");
+    CHECK(from.invalid == ROICORE_LEVEL_INVALID_SKIP, "a refused array changed the rules");
+    for (int l = 0; l < 3; ++l) {
+        free(m[l].data); free(dx[l].data);
+    }
+    free(c.data); free(out.data); free(g.data);
+}
+
+/* A poll that asks to stop ends a pyramid forward that would otherwise run on and on:
+ * RoIAlign with 1024 x 1024 samples per bin over a 256 x 256 map. */
+static void pyramid_interrupt(void) {
+    const int64_t C = 64;
+    array m0 = new_array(ROICORE_FLOAT32, C * 256 * 256), m1 = new_array(ROICORE_FLOAT32, C * 128 * 128);
+    array out = new_array(ROICORE_FLOAT32, C * 32 * 32);
+    static const double whole[] = {0, 0, 255, 255};  /* s = 255: level 4, map 0 */
+    array c = coords_of(ROICORE_FLOAT32, whole, 1);
+    int64_t b0[] = {0};
+    const double scales[2] = {1.0, 0.5};
+    const roicore_pyramid p = pyramid_of(2, 4, scales);
+    roicore_tensor maps[2] = {tensor(m0, 1, C, 256, 256), tensor(m1, 1, C, 128, 128)};
+    roicore_out_tensor to = out_tensor(out, 1, C, 32, 32);
+    roicore_boxes b = boxes_of(c, b0, 1);
+    int polls = 0;
+    roicore_exec stopping = {.n_threads = 2, .poll = stop_now, .poll_arg = &polls};
+    roicore_error err;
+    EXPECT(roicore_pyramid_roi_align_forward(&MXNET_ALIGN, &TORCHVISION_LEVELS, &p, maps, &b, 1024,
+                                             0, &to, &stopping, &err), ROICORE_ERR_INTERRUPTED);
+    CHECK(polls >= 1, "the poll callback was not called");
+    free(m0.data); free(m1.data); free(out.data); free(c.data);
+}
+
 /* ------------------------------------------------------------------------ the runtime */
 
 static void allocation_limits(void) {
@@ -1147,6 +1753,11 @@ int main(void) {
     contract();
     scratch_keeping();
     zero_sizes();
+    pyramid_levels_rules();
+    pyramid_forward();
+    pyramid_backward();
+    pyramid_bad_input();
+    pyramid_interrupt();
     allocation_limits();
     runtime_sharing();
     ctrl_c();

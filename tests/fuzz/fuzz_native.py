@@ -148,7 +148,8 @@ def _tf_run(case, rng):
             valid = {"pooled_height": case["pooled"][0], "crop_height": case["pooled"][0],
                      "pooled_width": case["pooled"][1], "crop_width": case["pooled"][1],
                      "group_height": case["pooled"][0], "group_width": case["pooled"][1],
-                     "sampling_ratio": int(rng.integers(-1, 4)), "n_threads": 1}.get(attr.name, 1)
+                     "sampling_ratio": int(rng.integers(-1, 4)), "n_threads": 1,
+             "first_level": int(rng.integers(0, 4)), "canonical_level": 4}.get(attr.name, 1)
             attrs[attr.name] = _pick(rng, INTS, valid, hostile)
         elif attr.type == "float":
             attrs[attr.name] = _pick(rng, FLOATS, float(rng.choice([0.5, 1.0, 0.0625])), hostile)
@@ -250,7 +251,8 @@ def _paddle_run(case, rng):
 # PyTorch
 
 TORCH_OPS = ["roi_pool", "roi_pool_backward", "roi_align", "roi_align_backward", "ps_roi_pool",
-             "ps_roi_pool_backward", "ps_roi_align", "ps_roi_align_backward"]
+             "ps_roi_pool_backward", "ps_roi_align", "ps_roi_align_backward",
+             "multi_scale_roi_align", "multi_scale_roi_align_backward"]
 
 
 def _torch_case(rng, np):
@@ -295,9 +297,13 @@ def _torch_run(case, rng):
         "argmax": _values(rng, np, "argmax", np.int32, case["grads"], N, case["size"]),
     }
     image = case["image"] if len(case["image"]) == 4 else (N, 1, 1, 1)
+    # a pyramid of 1 to 3 levels, each half the size of the one before
+    levels = int(rng.integers(1, 4))
+    shapes = [image[:2] + (max(image[2] >> i, 1), max(image[3] >> i, 1)) for i in range(levels)]
     valid = {"pooled_height": PH, "pooled_width": PW, "batch_size": image[0],
              "channels": image[1], "height": image[2], "width": image[3],
-             "sampling_ratio": int(rng.integers(-1, 4)), "n_threads": 1}
+             "sampling_ratio": int(rng.integers(-1, 4)), "n_threads": 1,
+             "first_level": int(rng.integers(0, 4)), "canonical_level": 4}
     hostile = rng.random() < 0.5
     args = []
     for arg in overload._schema.arguments:
@@ -311,6 +317,25 @@ def _torch_run(case, rng):
             if rng.random() < 0.05 and t.dim() > 1:
                 t = t.transpose(0, -1)  # strided
             args.append(t)
+        elif kind == "List[Tensor]":  # the pyramid's maps
+            maps = [torch.from_numpy(_values(rng, np, "feature", np.float64, s, N, 1).astype(
+                dtype if rng.random() < 0.95 else np.float32)) for s in shapes]
+            if hostile and rng.random() < 0.3:
+                maps = maps[:int(rng.integers(0, len(maps)))] if rng.random() < 0.5 else \
+                    maps + [torch.zeros(int(rng.integers(0, 3)), 1, 2, 2)]
+            args.append(maps)
+        elif kind == "List[float]":  # the maps' scales
+            scales = [0.5 ** i for i in range(levels)]
+            if hostile and rng.random() < 0.4:
+                scales[int(rng.integers(levels))] = float(rng.choice(FLOATS))
+            args.append(scales[:int(rng.integers(0, levels + 1))] if hostile and
+                        rng.random() < 0.2 else scales)
+        elif kind == "List[SymInt]":  # the maps' shapes
+            flat = [int(v) for s in shapes for v in s]
+            if hostile and rng.random() < 0.4:
+                flat[int(rng.integers(len(flat)))] = int(rng.choice(INTS))
+            args.append(flat[:int(rng.integers(0, len(flat) + 1))] if hostile and
+                        rng.random() < 0.2 else flat)
         elif kind == "float":
             args.append(_pick(rng, FLOATS, float(rng.choice([0.5, 1.0, 0.0625])), hostile))
         elif kind == "bool":
