@@ -1617,6 +1617,47 @@ static void pyramid_bad_input(void) {
     free(c.data); free(out.data); free(g.data);
 }
 
+/* A box whose adaptive grid passes the limit is refused by its own index before any level
+ * writes: the boxes before it, on finer levels, leave the outputs untouched too. */
+static void pyramid_grid_refused_before_writing(void) {
+    const double scales[4] = {0.25, 0.125, 0.0625, 0.03125};
+    const int64_t side[4] = {64, 32, 16, 8};
+    array m[4], dx[4];
+    roicore_tensor maps[4];
+    roicore_out_tensor gmaps[4];
+    for (int l = 0; l < 4; ++l) {
+        m[l] = arange(ROICORE_FLOAT64, side[l] * side[l], 0, 1);
+        dx[l] = new_array(ROICORE_FLOAT64, m[l].n);
+        for (int64_t i = 0; i < dx[l].n; ++i) set(dx[l], i, 99);
+        maps[l] = tensor(m[l], 1, 1, side[l], side[l]);
+        gmaps[l] = out_tensor(dx[l], 1, 1, side[l], side[l]);
+    }
+    static const double rows[] = {0, 0, 30, 30, 0, 0, 100, 100, 0, 0, 3e6, 3e6};
+    array c = coords_of(ROICORE_FLOAT64, rows, 3);
+    int64_t batch[3] = {0, 0, 0};
+    array out = new_array(ROICORE_FLOAT64, 3), g = arange(ROICORE_FLOAT64, 3, 1, 0);
+    for (int64_t i = 0; i < 3; ++i) set(out, i, 99);
+    roicore_out_tensor to = out_tensor(out, 3, 1, 1, 1);
+    roicore_tensor tg = tensor(g, 3, 1, 1, 1);
+    roicore_boxes b = boxes_of(c, batch, 3);
+    roicore_pyramid p = pyramid_of(4, 2, scales);
+    roicore_error err;
+    CHECK(roicore_pyramid_roi_align_forward(&TORCHVISION_ALIGN, &TORCHVISION_LEVELS, &p, maps, &b,
+                                            -1, 0, &to, &one_thread, &err) == ROICORE_ERR_VALUE &&
+              err.index == 2 && strstr(err.message, "boxes[2]"),
+          "forward: %s (index %lld)", err.message, (long long)err.index);
+    for (int64_t i = 0; i < 3; ++i) CHECK(get(out, i) == 99, "out[%lld] was written", (long long)i);
+    CHECK(roicore_pyramid_roi_align_backward(&TORCHVISION_ALIGN, &TORCHVISION_LEVELS, &p, &tg, &b,
+                                             -1, 0, gmaps, &one_thread, &err) == ROICORE_ERR_VALUE &&
+              err.index == 2,
+          "backward: %s (index %lld)", err.message, (long long)err.index);
+    for (int l = 0; l < 4; ++l) {
+        CHECK(get(dx[l], 0) == 99, "grad_maps[%d] was written", l);
+        free(m[l].data); free(dx[l].data);
+    }
+    free(c.data); free(out.data); free(g.data);
+}
+
 /* A poll that asks to stop ends a pyramid forward that would otherwise run on and on:
  * RoIAlign with 1024 x 1024 samples per bin over a 256 x 256 map. */
 static void pyramid_interrupt(void) {
@@ -1757,6 +1798,7 @@ int main(void) {
     pyramid_forward();
     pyramid_backward();
     pyramid_bad_input();
+    pyramid_grid_refused_before_writing();
     pyramid_interrupt();
     allocation_limits();
     runtime_sharing();
