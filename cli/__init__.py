@@ -63,7 +63,7 @@ def _version():
 
 
 def _parser():
-    from .cases import INPUT_KEYS, OPS
+    from .cases import INPUT_KEYS, PARITY_OPS
     p = argparse.ArgumentParser(prog="roicore", description=__doc__.split("\n\n")[0])
     p.add_argument("--version", action="version", version=f"roicore {_version()}")
     sub = p.add_subparsers(dest="command", metavar="{parity,bench}")
@@ -80,7 +80,7 @@ def _parser():
     pp.add_argument("--frameworks", metavar="LIST",
                     help=f"comma-separated, from: {', '.join(PARITY_FRAMEWORKS)} (default: all)")
     pp.add_argument("--ops", metavar="LIST",
-                    help=f"comma-separated, from: {', '.join(OPS)} (default: all)")
+                    help=f"comma-separated, from: {', '.join(PARITY_OPS)} (default: all)")
     pp.add_argument("--dtypes", metavar="LIST", help="float32,float64 (default: both)")
     pp.add_argument("--cases", type=int, default=12, metavar="N",
                     help="seeded random cases per operator (default: 12)")
@@ -98,7 +98,7 @@ def _parser():
                          "and roicore's, compared step by step)")
 
     from .bench import DIRECTIONS, DTYPES, FRAMEWORKS, OPS as BENCH_OPS, QUICK, REPEATS
-    from .workloads import WORKLOADS
+    from .workloads import PYRAMID_WORKLOADS, WORKLOADS
     pb = sub.add_parser(
         "bench", help="time roicore against the native RoI operators",
         description="Time roicore.core, roicore's adapters and every available native operator on "
@@ -106,7 +106,9 @@ def _parser():
                     "median of --repeats rounds, the same thread count for every contender.",
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=BENCH_EPILOG)
     pb.add_argument("--workloads", metavar="LIST",
-                    help=f"comma-separated, from: {', '.join(WORKLOADS)} (default: all)")
+                    help=f"comma-separated, from: {', '.join(WORKLOADS)} (default: all of "
+                         f"these), {', '.join(PYRAMID_WORKLOADS)} (the feature-pyramid rows, "
+                         "run only when named)")
     pb.add_argument("--ops", metavar="LIST",
                     help=f"comma-separated, from: {', '.join(BENCH_OPS)} (default: all that fit "
                          "each workload)")

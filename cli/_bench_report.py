@@ -368,7 +368,16 @@ def baseline_blocks(report):
 
 
 def blocks(report):
-    out = sweep_blocks(report) if report["mode"] == "sweep" else compare_blocks(report)
+    from . import _pyramid_bench as PB
+    single = dict(report, results=[r for r in report["results"] if not PB.is_pyramid(r)])
+    alone = not single["results"] and any(wl in WL.PYRAMID_WORKLOADS for wl in report["workloads"])
+    if alone:   # pyramid workloads only: their table under the heading
+        counts = report["thread_counts"]
+        out = _heading(report, f", {','.join(map(str, counts))} thread(s) for every contender"
+                       + (", each count in turn" if len(counts) > 1 else ""))
+    else:
+        out = sweep_blocks(single) if report["mode"] == "sweep" else compare_blocks(single)
+    out += PB.blocks(report, alone)
     if "compare" in report:
         out += baseline_blocks(report)
     out.append(Text(f"({report['seconds']:.1f} s)"))
@@ -405,7 +414,7 @@ def write_markdown(path, report, blocks):
 
 CSV_FIELDS = ("workload", "operator", "dtype", "direction", "framework", "kind", "variant",
               "convention", "threads", "rounds", "median_ms", "min_ms", "max_ms", "ratio", "overhead",
-              "net_overhead", "vs_native", "extra_mb")
+              "net_overhead", "vs_native", "vs_fused", "extra_mb")
 
 
 def write_csv(path, report):

@@ -256,6 +256,9 @@ class BenchState:
         from one extra untimed call of roicore.core's default convention, made here, before
         any timed round, so they do not disturb the timings.
         """
+        if msg["workload"] in workloads.PYRAMID_WORKLOADS:    # a list of maps: its own path
+            from ._pyramid_bench import load
+            return load(self, msg)
         self.calls = {}
         self.min_seconds = msg.get("min_seconds", RUN_MIN_SECONDS)
         counts = msg.get("thread_counts") or [self.threads]

@@ -113,15 +113,34 @@ def parity(harness, msg):
 def training(harness, msg):
     """The training head of each case (``cases.training_case``) whose operator the harness
     claims, in each claimed dtype asked for and each of its training modes, once with the
-    native op and once with roicore's: the loss and the weight after every step."""
+    native op and once with roicore's: the loss and the weight after every step.  A model
+    case (``cases.model_cases``) gives its model row's record instead."""
     out = []
     for c in msg["cases"]:
+        if c["group"] == "model":   # a detector with roicore's poolers: a model row
+            if c["dtype"] in harness.parity_claims.get(c["op"], ()) and \
+                    c["dtype"] in msg["dtypes"]:
+                out.append(_model(harness, c))
+            continue
         for dt in (d for d in harness.parity_claims.get(c["op"], ()) if d in msg["dtypes"]):
             for mode in harness.training_modes:
                 rec = dict(op=c["op"], dtype=dt, mode=mode, steps=c["steps"])
                 out.append(rec)
                 _train_both(harness, c, dt, mode, rec)
     return dict(results=out)
+
+
+def _model(harness, case):
+    """A model case run with the native poolers and with roicore's, compared here (whole
+    models' gradients are too large to send): ``_pyramid_parity_models.run``'s record, or
+    the error that kept the model from running at all."""
+    rec = dict(model=case["model"], op=case["op"], dtype=case["dtype"])
+    progress(f"model {case['model']}")
+    try:
+        rec.update(harness.model(case, perturb=_fault(harness.name, case["op"])))
+    except Exception as e:
+        rec["error"] = error_text(e)
+    return rec
 
 
 def _train_both(harness, case, dtype, mode, rec):

@@ -4,6 +4,9 @@ Two modes.  By default every contender (roicore.core in a worker of its own; eac
 framework's native operators, roicore's adapter for it and roicore.core beside the adapter,
 in one worker per framework) runs at the same thread count.  With several thread counts
 (``--threads 1,2,4``, or ``--scaling``) roicore.core runs alone at each of them: a sweep.
+The feature-pyramid workloads (``--workloads fpn_box,fpn_mask`` or ``--ops
+pyramid_roi_align``) take a path of their own, ``_pyramid_bench``: every contender at each
+thread count, in either mode.
 
 This module runs the workers and turns their timings into a report (a dict, also the JSON
 file); ``_bench_report`` prints it, ``_compare`` judges it against a baseline and
@@ -28,14 +31,17 @@ from ._report import (FRAMEWORK_ALIASES, UsageError, environment, log, parse_lis
                       write_json)
 
 FRAMEWORKS = ("paddle", "mxnet", "openvino", "onnxruntime", "tensorflow", "torch")
-OPS = K.OPS
+# the single-map operators of roicore.core's table, then the pyramid ones (their workloads,
+# WL.PYRAMID_WORKLOADS, run only when named, or when --ops names a pyramid operator)
+OPS = K.OPS + WL.PYRAMID_OPS
+OP_ALIASES = dict(K.OP_ALIASES, multi_scale_roi_align="pyramid_roi_align")
 DIRECTIONS = ("forward", "fwd+bwd")
 DTYPES = ("float32", "float64")
 REPEATS = 5
 # --quick: a smoke run of every contender, not a measurement
 QUICK = dict(scale=0.03, repeats=3, min_seconds=0.005)
 # the convention of each operator's roicore.core row in the native-ratio table
-DEFAULT_CONVENTION = {op: CoreBench.RULES[op] for op in OPS}
+DEFAULT_CONVENTION = {op: CoreBench.RULES[op] for op in K.OPS}
 # what the report's rows are judged and compared by: where they ran and what they timed
 ROW_KEY = ("workload", "operator", "dtype", "direction", "framework", "kind", "variant",
            "threads")
@@ -67,14 +73,21 @@ def _threads(text, cpus):
 def plan(args, cpus):
     """The run ``args`` ask for, checked; UsageError on bad arguments."""
     p = SimpleNamespace(
-        workloads=parse_list(args.workloads, tuple(WL.WORKLOADS), "workload"),
-        ops=parse_list(args.ops, OPS, "operator", K.OP_ALIASES),
+        ops=parse_list(args.ops, OPS, "operator", OP_ALIASES),
         directions=parse_list(args.directions, DIRECTIONS, "direction", {"backward": "fwd+bwd"}),
         dtypes=parse_list(args.dtypes, DTYPES, "dtype", {"f32": "float32", "f64": "float64"}),
         seed=args.seed, quick=args.quick, min_seconds=RUN_MIN_SECONDS)
+    # by default the single-map workloads (unless --ops names none of their operators), and
+    # the pyramid ones when --ops names their operator
+    single = list(WL.WORKLOADS) if set(K.OPS) & set(p.ops) else []
+    pyramid = [wl for wl in WL.PYRAMID_WORKLOADS
+               if args.ops is not None and set(WL.ops_for(wl)) & set(p.ops)]
+    p.workloads = parse_list(args.workloads, tuple(WL.WORKLOADS) + tuple(WL.PYRAMID_WORKLOADS),
+                             "workload") if args.workloads is not None else single + pyramid
+    single = [wl for wl in p.workloads if wl in WL.WORKLOADS]
     p.conventions = []
     if args.conventions is not None:
-        known = tuple(dict.fromkeys(c for op in OPS for c in K.CONVENTIONS[op]))
+        known = tuple(dict.fromkeys(c for op in K.OPS for c in K.CONVENTIONS[op]))
         p.conventions = (list(known) if args.conventions.strip().lower() == "all"
                          else parse_list(args.conventions, known, "convention"))
     p.scale = args.scale if args.scale is not None else QUICK["scale"] if args.quick else 1.0
@@ -95,14 +108,19 @@ def plan(args, cpus):
         counts = [1, counts[0]]
     p.sweep = len(counts) > 1
     p.thread_counts, p.threads = counts, counts[-1]
-    if p.sweep:
+    frameworks = parse_list(args.frameworks, FRAMEWORKS, "framework", FRAMEWORK_ALIASES)
+    if args.plot is not None and not single:
+        raise UsageError("--plot draws the single-map operators' ratios to roicore.core; the "
+                         "pyramid workloads have none: drop --plot")
+    if p.sweep and single:
         for flag, value in (("--frameworks", args.frameworks), ("--plot", args.plot)):
             if value is not None:
                 raise UsageError(f"a thread sweep times roicore.core alone, against no native "
                                  f"operator; drop {flag}")
-        p.frameworks = []
-    else:
-        p.frameworks = parse_list(args.frameworks, FRAMEWORKS, "framework", FRAMEWORK_ALIASES)
+    p.frameworks = [] if p.sweep else frameworks
+    # the pyramid rows time every contender at each thread count, sweep or not
+    from ._pyramid_bench import FRAMEWORKS as PYRAMID_FRAMEWORKS
+    p.pyramid_frameworks = [f for f in PYRAMID_FRAMEWORKS if f in frameworks]
     if args.threshold is not None and args.compare is None:
         raise UsageError("--threshold applies to --compare")
     p.threshold = _compare.parse_threshold(args.threshold)
@@ -160,8 +178,9 @@ def _ms(s):
     return s * 1e3
 
 
-def _measure(workers, fw_info, p):
-    """Load each workload in every worker, time the contenders in interleaved rounds.
+def _measure(workers, fw_info, p, names):
+    """Load each of the workloads ``names`` in every worker, time the contenders in
+    interleaved rounds.
 
     Returns (rows, errors); a worker that dies is closed, removed from ``workers`` and
     marked failed in ``fw_info``.
@@ -179,12 +198,14 @@ def _measure(workers, fw_info, p):
         fw_info[n].update(status="failed", reason=why, workload=wl)   # the workload loaded
         log(f"{n}: worker died: {why.splitlines()[0]}")
 
-    for wl in p.workloads:
-        wl_ops = [op for op in WL.OPS_FOR[WL.shape(wl)[6]] if op in p.ops]
-        if not wl_ops or "roicore" not in workers:
+    for wl in names:
+        wl_ops = [op for op in WL.ops_for(wl) if op in p.ops]
+        # the single-map rows' ratios need roicore.core; the pyramid ones have no core row
+        if not wl_ops or not workers or (wl in WL.WORKLOADS and "roicore" not in workers):
             continue
-        log(f"{wl} ({WL.describe(wl, p.scale)}): loading, warming up and measuring memory of "
-            f"{', '.join(wl_ops)}")
+        what = ("and measuring memory of" if wl in WL.WORKLOADS
+                else f"at {p.threads} thread(s):")
+        log(f"{wl} ({WL.describe(wl, p.scale)}): loading, warming up {what} {', '.join(wl_ops)}")
         msg = dict(cmd="load", workload=wl, ops=wl_ops, directions=p.directions, dtypes=p.dtypes,
                    conventions=p.conventions, scale=p.scale, seed=p.seed,
                    min_seconds=p.min_seconds)
@@ -389,29 +410,42 @@ def memory_bandwidth(counts, repeats, nbytes=BANDWIDTH_BYTES):
 
 # ----------------------------------------------------------------------------- run
 def _workload_shapes(names, scale):
-    return {wl: dict(zip(("N", "C", "H", "W", "R", "P", "kind", "spatial_scale"),
-                         WL.shape(wl, scale))) for wl in names}
+    def shape(wl):
+        if wl in WL.PYRAMID_WORKLOADS:
+            return dict(zip(("N", "C", "image", "strides", "R", "P"), WL.pyramid_shape(wl, scale)),
+                        maps=WL.pyramid_map_shapes(wl, scale), kind="pyramid")
+        return dict(zip(("N", "C", "H", "W", "R", "P", "kind", "spatial_scale"),
+                        WL.shape(wl, scale)))
+    return {wl: shape(wl) for wl in names}
 
 
 def measure(p, env):
     """Run the workers for plan ``p``; the report (without its outputs)."""
     t_start = time.monotonic()
-    log(f"bench: {'roicore.core alone at ' if p.sweep else ''}"
+    single = [wl for wl in p.workloads if wl in WL.WORKLOADS]
+    pyramid = [wl for wl in p.workloads if wl in WL.PYRAMID_WORKLOADS]
+    log(f"bench: {'roicore.core alone at ' if p.sweep and single else ''}"
         f"{','.join(map(str, p.thread_counts))} thread(s), {p.repeats} round(s), "
         f"workloads {', '.join(p.workloads)}" + (f", scale {p.scale:g}" if p.scale != 1 else ""))
-    fw_info = {}
-    all_names = ["roicore"] + p.frameworks
-    started = _start_workers(all_names, p.threads, fw_info)
-    # in the order asked for, not the order they started in: the report's rows and columns
-    # come in the same order on every run
-    workers = {n: started[n] for n in all_names if n in started}
-    fw_info = {n: fw_info[n] for n in all_names}
-    if "roicore" not in workers:
-        raise WorkerDied(f"the roicore worker failed: {fw_info['roicore']['reason']}")
-    try:
-        rows, errors = _measure(workers, fw_info, p)
-    finally:   # each waits for its process to exit: together, not one after the other
-        _parallel(lambda n: workers[n].close(), list(workers))
+    fw_info, rows, errors = {}, [], []
+    if single or not pyramid:
+        all_names = ["roicore"] + p.frameworks
+        started = _start_workers(all_names, p.threads, fw_info)
+        # in the order asked for, not the order they started in: the report's rows and
+        # columns come in the same order on every run
+        workers = {n: started[n] for n in all_names if n in started}
+        fw_info = {n: fw_info[n] for n in all_names}
+        if "roicore" not in workers:
+            raise WorkerDied(f"the roicore worker failed: {fw_info['roicore']['reason']}")
+        try:
+            rows, errors = _measure(workers, fw_info, p, single)
+        finally:   # each waits for its process to exit: together, not one after the other
+            _parallel(lambda n: workers[n].close(), list(workers))
+    if pyramid:   # workers of their own, after the single-map ones have exited
+        from . import _pyramid_bench
+        got, failed = _pyramid_bench.measure(p, fw_info, pyramid)
+        rows += got
+        errors += failed
     report = dict(command="bench", mode="sweep" if p.sweep else "compare", environment=env,
                   threads=p.threads, thread_counts=p.thread_counts, repeats=p.repeats,
                   scale=p.scale, quick=p.quick, min_run_seconds=p.min_seconds,
@@ -419,15 +453,17 @@ def measure(p, env):
                   default_conventions=DEFAULT_CONVENTION,
                   workloads=_workload_shapes(p.workloads, p.scale), frameworks=fw_info,
                   results=rows, errors=errors)
+    single_rows = [r for r in rows if r["workload"] in WL.WORKLOADS]
     if p.sweep:
-        report["scaling"] = sweep_rows(rows, p.thread_counts, p.scale)
+        report["scaling"] = sweep_rows(single_rows, p.thread_counts, p.scale)
         n = scaling_target_threads(p.thread_counts) or max(SCALING_TARGETS)
         report["target"] = dict(speedup=SCALING_TARGETS[n], threads=n,
                                 workloads=list(LARGE_WORKLOADS))
-        log("measuring memory bandwidth")
-        report["bandwidth"] = memory_bandwidth(p.thread_counts, p.repeats)
+        if single:
+            log("measuring memory bandwidth")
+            report["bandwidth"] = memory_bandwidth(p.thread_counts, p.repeats)
     else:
-        add_ratios(rows)
+        add_ratios(single_rows)
     report["seconds"] = time.monotonic() - t_start
     return report
 

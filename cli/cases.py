@@ -19,6 +19,11 @@ A case is a dict of framework-neutral NumPy data:
     target, steps, lr
     conventions        golden cases only, optional: the conventions it holds for (default:
                        every convention of the operator)
+
+The pyramid operators (``PYRAMID_OPS``) take one map per level: their ``x`` is a list of
+(N, C, H_l, W_l) maps, finest first, with ``spatial_scales`` (1/4, 1/8, ...) and the
+``image_size`` (H, W) the maps were computed from; their boxes are in image pixels.  Model
+cases (group "model", ``model_cases``) hold a detector's images and training targets.
 """
 from __future__ import annotations
 
@@ -38,6 +43,12 @@ NORMALISED = tuple(v.name for v in operators.variants() if v.method.normalised_b
 CONVENTIONS = {v.name: v.conventions for v in operators.variants()}
 # what the command line takes for an operator's other methods: "bilinear", "nearest"
 OP_ALIASES = {v.method.name: v.name for v in operators.variants() if v.name != v.operator.name}
+# The operators over a feature pyramid (roicore.core.pyramid): torchvision's MultiScaleRoIAlign
+# against roicore's adapter ("multi_scale_roi_align") and against roicore.core's
+# pyramid_roi_align ("pyramid_roi_align").  They take a list of maps, so they are not in the
+# single-map operator table (OPS) that the benchmark runs; parity runs both lists.
+PYRAMID_OPS = ("multi_scale_roi_align", "pyramid_roi_align")
+PARITY_OPS = OPS + PYRAMID_OPS
 
 
 def _seed(op):
@@ -205,9 +216,103 @@ def random_cases(op, n, seed):
 def suite(ops, n_random, seed):
     cases = [c for c in golden_cases() if c["op"] in ops]
     for op in ops:
+        if op in PYRAMID_OPS:
+            cases += pyramid_adversarial_cases(op)
+            cases += pyramid_random_cases(op, n_random, seed)
+            continue
         cases += adversarial_cases(op)
         cases += random_cases(op, n_random, seed)
     return cases
+
+
+# ----------------------------------------------------------------------------- pyramid
+def _pyramid_case(name, group, op, rng, image_size, N, C, rois, output_size, sampling_ratio,
+                  seed, levels=4):
+    """A pyramid case: ``levels`` random maps of scales 1/4, 1/8, ... of an image of
+    ``image_size`` (each ceil(H / 2**k) x ceil(W / 2**k), as an FPN computes them, so that
+    torchvision infers the same scales from their sizes) and boxes in image pixels."""
+    H, W = image_size
+    ks = range(2, 2 + levels)
+    maps = [rng.standard_normal((N, C, -(-H // 2 ** k), -(-W // 2 ** k))) for k in ks]
+    c = _case(name, group, op, maps[0], rois, output_size, 1.0, sampling_ratio, False, seed)
+    del c["spatial_scale"]
+    c.update(x=maps, spatial_scales=[2.0 ** -k for k in ks], image_size=(int(H), int(W)))
+    return c
+
+
+def pyramid_adversarial_cases(op):
+    """Boxes of every level, on and beside the level boundaries (sqrt(area) = 112, 224,
+    448 and within the rule's 1e-6 of them), degenerate boxes (reversed, empty, outside the
+    image, larger than it), an image with no boxes, and a pyramid of one level."""
+    rng = np.random.default_rng([59, _seed(op)])
+    out = []
+    # square boxes of side s at integral corners: the level boundaries exactly, and sides
+    # 2**-5e-7, 2**-1.2e-6 and 2**-2e-6 below 224: within the rule's 1e-6 of level 4 whether
+    # it is added to the level or to s / 224, within it only when added to s / 224, and not
+    sides = [4, 16, 56, 111.5, 112, 150, 224 * 2 ** -2e-6, 224 * 2 ** -1.2e-6, 224 * 2 ** -5e-7,
+             224, 300, 447.5, 448, 520, 700]
+    rois = []
+    for i, s in enumerate(sides):
+        x1, y1 = float(rng.integers(0, 96)), float(rng.integers(0, 96))
+        rois.append([i % 2, x1, y1, x1 + s, y1 + s])
+    for i in range(10):            # boxes of any aspect at fractional corners
+        x1, y1 = rng.uniform(-20, 500, 2)
+        w, h = np.exp(rng.uniform(np.log(2), np.log(700), 2))
+        rois.append([i % 2, x1, y1, x1 + w, y1 + h])
+    for sr in (-1, 2):
+        out.append(_pyramid_case(f"levels_all_sr{sr}", "adversarial", op, rng, (512, 640), 2, 2,
+                                 rois, 7, sr, seed=300 + sr))
+    degenerate = [[0, 40, 30, 10, 90],          # reversed in x: a negative area
+                  [0, 90, 80, 20, 10],          # reversed in x and y: a positive area
+                  [2, 50, 60, 50, 60],          # zero size
+                  [2, 30, 20, 30, 120],         # zero width
+                  [0, 400, 300, 480, 380],      # wholly outside, beyond the image
+                  [2, -90, -60, -10, -5],       # wholly outside, negative
+                  [0, -30, -20, 60, 50],        # partly outside
+                  [2, 200, 150, 900, 700],      # far larger than the image
+                  [0, 10.25, 20.75, 10.75, 21],  # under a pixel
+                  [2, 0, 0, 320, 256],          # the whole image
+                  [0, 5, 5, 40.5, 60.25]]       # image 1 has no boxes
+    for sr, size in ((-1, 5), (2, 2)):
+        out.append(_pyramid_case(f"degenerate_sr{sr}", "adversarial", op, rng, (256, 320), 3, 3,
+                                 degenerate, size, sr, seed=310 + sr))
+    out.append(_pyramid_case("one_level", "adversarial", op, rng, (128, 160), 3, 2, degenerate,
+                             3, 2, seed=320, levels=1))
+    return out
+
+
+def pyramid_random_cases(op, n, seed):
+    """``n`` seeded random pyramid cases: 1 to 4 levels, boxes of log-uniform sizes from a
+    pixel to beyond the image, some reversed, empty, integral or outside."""
+    out = []
+    for i in range(n):
+        rng = np.random.default_rng([seed, _seed(op), i])
+        N, C, K = int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.integers(1, 17))
+        H, W = (int(v) for v in rng.integers(96, 400, 2))
+        levels = int(rng.choice([1, 2, 3, 4, 4, 4]))
+        p1 = rng.uniform(-0.2, 1.0, (K, 2)) * [W, H]
+        size = np.exp(rng.uniform(0, np.log(800), (K, 2)))
+        b = np.concatenate([p1, p1 + size], 1)
+        kind = rng.integers(0, 5, K)
+        b[kind == 1, 2] = b[kind == 1, 0] - size[kind == 1, 0]    # reversed in x
+        b[kind == 2, 2:] = b[kind == 2, :2]                         # zero size
+        b[kind == 3] = np.round(b[kind == 3])                       # integral
+        rois = np.hstack([rng.integers(0, N, (K, 1)), b])
+        PH, PW = (int(v) for v in rng.integers(1, 8, 2))
+        if rng.integers(2):
+            PW = PH                                                 # square (OpenVINO's)
+        sr = int(rng.choice([-1, 0, 1, 2, 3]))
+        out.append(_pyramid_case(f"random_{i}", "random", op, rng, (H, W), N, C, rois,
+                                 (PH, PW), sr, seed=seed * 1000 + i, levels=levels))
+    return out
+
+
+def model_cases(ops):
+    """The model rows' cases (``_pyramid_parity_models``): torchvision's FPN detectors with
+    the RoI heads' poolers swapped for roicore's, for the adapter's operator."""
+    from ._pyramid_parity_models import MODELS, model_case
+    op = "multi_scale_roi_align"
+    return [model_case(m, op) for m in MODELS] if op in ops else []
 
 
 # ----------------------------------------------------------------------------- training
@@ -314,6 +419,10 @@ def load_inputs(path, ops):
         notes.append("rois reordered by batch index (Paddle's boxes_num needs boxes grouped by image)")
     cases = []
     for op in ops:
+        if op in PYRAMID_OPS:
+            notes.append(f"{op} skipped: it pools from one map per pyramid level, and the "
+                         "file holds one map")
+            continue
         if op in POSITION_SENSITIVE and C % (size[0] * size[1]):
             notes.append(f"{op} skipped: C={C} is not a multiple of {size[0]}x{size[1]}")
             continue

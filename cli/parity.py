@@ -9,6 +9,7 @@ import numpy as np
 
 from . import cases as K
 from .cases import TRAIN_STEPS
+from ._pyramid_parity_models import MAX_SIZE, MIN_SIZE
 from ._proc import Worker, WorkerDied
 from .frameworks import NAMES, harness_class, output_channels
 from ._report import (FRAMEWORK_ALIASES, UsageError, environment, fmt_diff, log, parse_list,
@@ -145,6 +146,30 @@ def _training_row(fw, r):
     return row
 
 
+MODEL_PARTS = ("eval", "losses", "gradients")
+
+
+def _model_row(fw, r):
+    """A model row: a detector with roicore's poolers against the unchanged one.  OK when
+    roicore's poolers ran and the eval outputs, the losses and every gradient are
+    bit-identical; as in the training rows, a native failure leaves roicore's unjudged."""
+    row = dict(framework=fw, model=r["model"], operator=r["op"], dtype=r["dtype"],
+               detections=r.get("detections"), roicore_calls=r.get("roicore_calls", 0),
+               error=None, **{p: r.get(p) for p in MODEL_PARTS})
+    if r.get("error"):
+        row["error"], row["ok"] = r["error"], False
+    elif r.get("roicore_error"):
+        row["error"], row["ok"] = f"roicore raised {r['roicore_error']}", False
+    elif r.get("native_error"):
+        row["error"], row["ok"] = f"native raised {r['native_error']}", True
+    elif not row["roicore_calls"]:
+        row["error"], row["ok"] = "roicore's poolers were never called", False
+    else:
+        row["ok"] = all(row[p]["mismatches"] == 0 and row[p]["elements"] > 0
+                        for p in MODEL_PARTS)
+    return row
+
+
 # ----------------------------------------------------------------------------- roicore alone
 def _core_run(c, dt, conv):
     """Forward and backward of roicore.core with one convention; (y, dx)."""
@@ -163,6 +188,8 @@ def _core_run(c, dt, conv):
 def conventions_table(cases, ops, dtypes):
     rows = []
     for op in ops:
+        if op not in K.CONVENTIONS:   # the pyramid operators: one convention each here
+            continue
         op_cases = [c for c in cases if c["op"] == op]
         if not op_cases:
             continue
@@ -237,6 +264,36 @@ def print_training(trained):
                   + (f" ... {lines[-1]}" if len(lines) > 1 else ""))
 
 
+def print_models(models):
+    print()
+    print(f"models: torchvision detectors (random weights, 2 images, min_size {MIN_SIZE}, "
+          f"max_size {MAX_SIZE}) with roi_heads.box_roi_pool\n(and mask_roi_pool) swapped for "
+          "roicore.adapters.torch.MultiScaleRoIAlign, against the unchanged model: eval "
+          "outputs,\nthen one training step's losses and every parameter's gradient "
+          "(mismatching / compared)")
+    rows = []
+    for r in models:
+        parts = [r[p] or {} for p in MODEL_PARTS]
+        verdict = ("native failed" if r["error"] and r["ok"] else "FAILED" if r["error"] else
+                   "bit-identical" if r["ok"] else "MISMATCH")
+        rows.append([r["model"], r["framework"], r["dtype"], str(r["detections"] or "-")]
+                    + [_frac(p.get("mismatches"), p.get("elements")) if p else "-"
+                       for p in parts]
+                    + [fmt_diff(max((p["max_abs_diff"] for p in parts if p), default=None)),
+                       verdict])
+    print(table(["model", "framework", "dtype", "detections", "eval outputs", "losses",
+                 "gradients", "max|diff|", "verdict"], rows, "lllrrrrrl"))
+    for r in models:
+        bad = [n for p in MODEL_PARTS for n in (r[p] or {}).get("mismatching", [])]
+        if bad:
+            print(f"  {r['framework']} {r['model']} {r['dtype']}: departs on "
+                  f"{', '.join(bad[:8])}")
+        if r["error"]:
+            lines = [ln.strip() for ln in r["error"].splitlines() if ln.strip()]
+            print(f"  {r['framework']} {r['model']} {r['dtype']}: {lines[0]}"
+                  + (f" ... {lines[-1]}" if len(lines) > 1 else ""))
+
+
 def print_report(report, inputs_mode):
     print(f"roicore {report['environment']['roicore']} parity: adapters vs native operators, "
           "bit for bit")
@@ -284,6 +341,8 @@ def print_report(report, inputs_mode):
                   f"{', '.join(r['mismatching_cases'][:8])}")
     if report.get("training"):
         print_training(report["training"])
+    if report.get("models"):
+        print_models(report["models"])
     notes = [(r, n) for r in report["results"] for n in r["notes"]]
     if notes:
         print("notes:")
@@ -345,13 +404,13 @@ def print_report(report, inputs_mode):
     print(f"result: {report['verdict']} ({report['seconds']:.1f} s)")
 
 
-def _verdict(rows, trained, fw_info, golden, allow_missing):
+def _verdict(rows, trained, fw_info, golden, allow_missing, models=()):
     """``(ok, the report's last line)``: OK only when at least one row compared something,
-    every row and training run is exact, no framework failed, the golden values hold and,
-    unless ``allow_missing``, every framework asked for was installed."""
+    every row, training run and model row is exact, no framework failed, the golden values
+    hold and, unless ``allow_missing``, every framework asked for was installed."""
     compared = [r for r in rows if r["cases"]]
     problems = []
-    departed = [r for r in rows + trained if not r["ok"]]
+    departed = [r for r in rows + trained + list(models) if not r["ok"]]
     if departed:
         problems.append(f"{len(departed)} row(s) depart from their native op")
     failed = [n for n, i in fw_info.items() if i["status"] == "failed"]
@@ -366,8 +425,9 @@ def _verdict(rows, trained, fw_info, golden, allow_missing):
         problems.append("no row compared anything")
     if problems:
         return False, "FAILED: " + "; ".join(problems)
-    what = f"{len(compared)} row(s) compared" + (f", {len(trained)} training run(s)"
-                                                  if trained else "")
+    what = (f"{len(compared)} row(s) compared"
+            + (f", {len(trained)} training run(s)" if trained else "")
+            + (f", {len(models)} model(s)" if models else ""))
     return True, f"OK, {what}; every adapter is bit-identical to its native op"
 
 
@@ -375,9 +435,11 @@ def _verdict(rows, trained, fw_info, golden, allow_missing):
 def run(args):
     t0 = time.monotonic()
     frameworks = parse_list(args.frameworks, FRAMEWORKS, "framework", FRAMEWORK_ALIASES)
-    ops = parse_list(args.ops, K.OPS, "operator", K.OP_ALIASES)
-    dtypes = parse_list(args.dtypes, DTYPES, "dtype")
     inputs_mode = args.inputs is not None
+    # a saved feature map is one map: the pyramid operators run on it only when asked for
+    ops = parse_list(args.ops, K.OPS if inputs_mode and args.ops is None else K.PARITY_OPS,
+                     "operator", K.OP_ALIASES)
+    dtypes = parse_list(args.dtypes, DTYPES, "dtype")
     if inputs_mode:
         try:
             cases, inputs = K.load_inputs(args.inputs, ops)
@@ -393,7 +455,7 @@ def run(args):
 
     results = {}
     training = ([] if inputs_mode or args.no_training
-                else [K.training_case(op) for op in ops])
+                else [K.training_case(op) for op in ops if op in K.OPS] + K.model_cases(ops))
     threads = [threading.Thread(target=_run_framework,
                                 args=(fw, cases, dtypes, results, training))
                for fw in frameworks]
@@ -405,23 +467,24 @@ def run(args):
     for t in threads:
         t.join()
 
-    rows, fw_info, trained = [], {}, []
+    rows, fw_info, trained, models = [], {}, [], []
     for fw in frameworks:
         info = results.get(fw, dict(status="failed", reason="no result"))
         fw_info[fw] = {k: v for k, v in info.items() if k not in ("results", "training")}
         if info["status"] == "ran":
             rows += _aggregate(fw, info["results"], harness_class(fw).differentiable)
-            trained += [_training_row(fw, r) for r in info["training"]]
-    order = {op: i for i, op in enumerate(K.OPS)}
+            trained += [_training_row(fw, r) for r in info["training"] if "model" not in r]
+            models += [_model_row(fw, r) for r in info["training"] if "model" in r]
+    order = {op: i for i, op in enumerate(K.PARITY_OPS)}
     rows.sort(key=lambda r: (order[r["operator"]], frameworks.index(r["framework"]), r["dtype"]))
-    ok, verdict = _verdict(rows, trained, fw_info, golden, args.allow_missing)
+    ok, verdict = _verdict(rows, trained, fw_info, golden, args.allow_missing, models)
     report = dict(command="parity", ok=ok, verdict=verdict, seconds=time.monotonic() - t0,
                   environment=environment(), frameworks=fw_info, results=rows,
-                  training=trained, conventions=conv, golden=golden)
+                  training=trained, models=models, conventions=conv, golden=golden)
     if inputs_mode:
         report["inputs"] = inputs
     else:
-        report["suite"] = dict(seed=args.seed, random=args.cases * len(ops),
+        report["suite"] = dict(seed=args.seed, random=sum(c["group"] == "random" for c in cases),
                                golden=sum(c["group"] == "golden" for c in cases),
                                adversarial=sum(c["group"] == "adversarial" for c in cases),
                                total=len(cases), dtypes=dtypes, operators=ops)

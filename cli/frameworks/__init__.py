@@ -140,6 +140,12 @@ class Harness:
         :meth:`native` or :meth:`roicore` on the case's :meth:`inputs`; its x is unused."""
         raise Unsupported(f"no training head for {self.name}")
 
+    def model(self, case, perturb=False):
+        """A model case (``cases.model_cases``): the detector run with the native poolers
+        and with roicore's, compared in the worker (``_pyramid_parity_models.run``);
+        ``perturb`` puts roicore's side slightly off (parity's fault hook)."""
+        raise Unsupported(f"no model rows for {self.name}")
+
     def forward(self, call):
         """The output of ``call``, computed (not merely scheduled)."""
         return call.fn(call.x)
@@ -209,10 +215,10 @@ def boxes_per_image(case):
 
 def output_channels(case):
     """Channels of the operator's output: C, or C / (PH * PW) for the position-sensitive
-    operators."""
+    operators.  A pyramid case's ``x`` is a list of maps of the same channels."""
     from ..cases import POSITION_SENSITIVE
     PH, PW = case["output_size"]
-    C = case["x"].shape[1]
+    C = (case["x"][0] if isinstance(case["x"], list) else case["x"]).shape[1]
     return C // (PH * PW) if case["op"] in POSITION_SENSITIVE else C
 
 

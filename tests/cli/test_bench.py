@@ -475,3 +475,147 @@ def test_plot_labels_every_bar_and_marks_missing_contenders():
     finally:
         import matplotlib.pyplot as plt
         plt.close("all")
+
+
+# ----------------------------------------------------------------------------- pyramids
+PYRAMID_WORKLOADS = ("fpn_box", "fpn_mask")
+# (framework, kind, variant) of each pyramid contender -> its directions
+PYRAMID_CONTENDERS = {("torch", "adapter", ""): ("forward", "fwd+bwd"),       # fused
+                      ("torch", "native", ""): ("forward", "fwd+bwd"),        # torchvision
+                      ("torch", "adapter", "loop"): ("forward", "fwd+bwd"),   # per-level loop
+                      ("openvino", "native", ""): ("forward",)}
+
+
+@pytest.fixture(scope="module")
+def pyramid(tmp_path_factory):
+    """The pyramid rows alone, scaled down, at 1 and 2 threads: (proc, report, paths)."""
+    d = tmp_path_factory.mktemp("pyramid")
+    paths = {k: d / f"p.{k}" for k in ("json", "md", "csv")}
+    proc = roicore("bench", "--quick", "--repeats", "2", "--workloads", ",".join(PYRAMID_WORKLOADS),
+                   "--threads", "1,2", "--json", str(paths["json"]), "--markdown",
+                   str(paths["md"]), "--csv", str(paths["csv"]))
+    return proc, report_of(proc, paths["json"]), paths
+
+
+def test_bench_pyramid_rows_time_every_contender_at_each_thread_count(pyramid):
+    proc, report, _ = pyramid
+    ran, _ = check_skips(report["frameworks"])
+    # no single-map worker: only the pyramid contenders' frameworks were started
+    assert set(report["frameworks"]) <= {"torch", "openvino"}
+    assert report["thread_counts"] == [1, 2] and not report["errors"], report["errors"]
+    for wl in PYRAMID_WORKLOADS:
+        shape = report["workloads"][wl]
+        assert shape["kind"] == "pyramid" and shape["strides"] == [4, 8, 16, 32]
+        assert [m[2:] for m in shape["maps"]] == [[200, 304], [100, 152], [50, 76], [25, 38]]
+    got = {(r["workload"], r["direction"], r["threads"], r["framework"], r["kind"],
+            r["variant"]): r for r in report["results"]}
+    want = {(wl, d, n) + c for wl in PYRAMID_WORKLOADS for n in (1, 2)
+            for c, ds in PYRAMID_CONTENDERS.items() if c[0] in ran for d in ds}
+    assert set(got) == want and len(report["results"]) == len(want)
+    for (wl, d, n, fw, kind, variant), r in got.items():
+        assert r["operator"] == "pyramid_roi_align" and r["dtype"] == "float32"
+        assert len(r["times_ms"]) == 2 and all(t > 0 for t in r["times_ms"])
+        fused = got.get((wl, d, n, "torch", "adapter", ""))
+        if (fw, kind, variant) == ("torch", "adapter", "") or fused is None:
+            assert "vs_fused" not in r
+        elif fw == "torch":   # same worker, same rounds: the median of the rounds' ratios
+            ratios = [a / b for a, b in zip(r["times_ms"], fused["times_ms"])]
+            assert r["vs_fused"] == pytest.approx(statistics.median(ratios))
+            assert r["vs_fused_range"] == pytest.approx([min(ratios), max(ratios)])
+        else:
+            assert r["vs_fused"] == pytest.approx(r["median_ms"] / fused["median_ms"])
+    if "torch" in ran:
+        lines = table_lines(proc.stdout, "pyramid_roi_align, feature pyramids")
+        head = lines[0].split()
+        assert head[:4] == ["workload", "direction", "threads", "fused"] and "torchvision" in head
+        assert len(lines) == 1 + len(PYRAMID_WORKLOADS) * 2 * 2
+        r = got[("fpn_box", "fwd+bwd", 2, "torch", "native", "")]
+        from roicore.cli._bench_report import fmt_ms
+        line = next(ln for ln in lines if ln.split()[:3] == ["fpn_box", "fwd+bwd", "2"])
+        assert f"{r['vs_fused']:.2f}x {fmt_ms(r['median_ms'])}" in line, line
+    assert "roicore.core" not in proc.stdout.split("\n\n")[0]   # no single-map table
+
+
+def test_bench_pyramid_rows_in_the_markdown_and_csv(pyramid):
+    _, report, paths = pyramid
+    md = paths["md"].read_text()
+    assert md.startswith("# roicore bench\n") and "- threads: 1, 2;" in md
+    assert "- fpn_box: image 800x1216, x 1x8 at strides 4, 8, 16, 32" in md
+    if report["frameworks"].get("torch", {}).get("status") == "ran":
+        assert "| workload | direction | threads | fused ms | torchvision |" in md
+    with open(paths["csv"], newline="") as f:
+        lines = list(csv.DictReader(f))
+    assert len(lines) == len(report["results"])
+    for line, r in zip(lines, report["results"]):
+        assert (line["vs_fused"] == "") == ("vs_fused" not in r)
+        if "vs_fused" in r:
+            assert float(line["vs_fused"]) == pytest.approx(r["vs_fused"], rel=1e-12)
+
+
+def _plan(*args):
+    from roicore.cli import _parser, bench
+    parser, _ = _parser()
+    return bench.plan(parser.parse_args(["bench", *args]), 2)
+
+
+def test_bench_pyramid_workloads_run_when_asked_for():
+    from roicore.cli._report import UsageError
+    single = ["fastrcnn_vgg16", "train_b2", "rfcn_psroi", "c4_14x14"]
+    p = _plan()
+    assert p.workloads == single and "pyramid_roi_align" in p.ops   # not in the default run
+    assert _plan("--ops", "pyramid_roi_align").workloads == list(PYRAMID_WORKLOADS)
+    p = _plan("--ops", "multi_scale_roi_align,roi_align")
+    assert p.ops == ["pyramid_roi_align", "roi_align"]
+    assert p.workloads == single + list(PYRAMID_WORKLOADS)
+    p = _plan("--workloads", "fpn_mask", "--frameworks", "torch")
+    assert p.workloads == ["fpn_mask"] and p.pyramid_frameworks == ["torch"]
+    # a thread list: the pyramid rows keep their frameworks; single-map rows are a sweep
+    p = _plan("--workloads", "fpn_box", "--threads", "1,2", "--frameworks", "ov")
+    assert p.sweep and p.thread_counts == [1, 2] and p.pyramid_frameworks == ["openvino"]
+    assert _plan("--threads", "1,2").pyramid_frameworks == ["torch", "openvino"]
+    with pytest.raises(UsageError, match="drop --frameworks"):
+        _plan("--workloads", "train_b2,fpn_box", "--threads", "1,2", "--frameworks", "torch")
+    with pytest.raises(UsageError, match="pyramid workloads have none"):
+        _plan("--workloads", "fpn_box", "--plot", "x.png")
+    with pytest.raises(UsageError, match="unknown workload 'fpn'"):
+        _plan("--workloads", "fpn")
+
+
+def test_pyramid_ratios_and_table_beside_single_map_rows():
+    """vs_fused pairs rounds within the torch worker, divides medians across workers; the
+    pyramid rows get a table of their own and stay out of the single-map tables."""
+    from roicore.cli import _bench_report, _pyramid_bench, bench
+    from roicore.cli._report import render_text
+
+    def row(fw, kind, ms, variant="", direction="forward", threads=1):
+        return timing(fw, kind, ms, op="pyramid_roi_align", direction=direction,
+                      variant=variant, workload="fpn_box", threads=threads)
+    fused = row("torch", "adapter", [10.0, 20.0, 12.0])
+    stock = row("torch", "native", [30.0, 40.0, 60.0])
+    loop = row("torch", "adapter", [20.0, 20.0, 30.0], variant="loop")
+    ov = row("openvino", "native", [50.0, 25.0, 40.0])
+    other = row("torch", "native", [5.0, 5.0, 5.0], threads=2)   # no fused row at 2 threads
+    pyr = [fused, stock, loop, ov, other]
+    _pyramid_bench.add_ratios(pyr)
+    assert stock["vs_fused"] == pytest.approx(3.0)             # rounds: 3, 2, 5
+    assert stock["vs_fused_range"] == pytest.approx([2.0, 5.0])
+    assert loop["vs_fused"] == pytest.approx(2.0)              # rounds: 2, 1, 2.5
+    assert ov["vs_fused"] == pytest.approx(40.0 / 12.0)        # medians: another worker
+    assert "vs_fused_range" not in ov
+    assert "vs_fused" not in fused and "vs_fused" not in other
+    single = [timing("roicore", "core", 2.0), timing("paddle", "native", 8.0)]
+    bench.add_ratios(single)
+    report = synthetic_report(single + pyr)
+    report["workloads"]["fpn_box"] = {}
+    report["frameworks"].update(torch=dict(status="ran", version="2"),
+                                openvino=dict(status="ran", version="3"))
+    text = render_text(_bench_report.blocks(report))
+    main = table_lines(text, "native time / roicore.core time")
+    assert len(main) == 2 and not any("fpn_box" in ln for ln in main)
+    lines = table_lines(text, "pyramid_roi_align, feature pyramids")
+    assert lines[0].split() == ["workload", "direction", "threads", "fused", "ms", "torchvision",
+                                "per-level", "loop", "openvino"]
+    assert lines[1].split()[:3] == ["fpn_box", "forward", "1"]
+    assert "3.00x 40 [30, 60]" in lines[1] and "2.00x 20 [20, 30]" in lines[1]
+    assert "3.33x 40 [25, 50]" in lines[1] and " 12 [10, 20]" in lines[1]
+    assert lines[2].split()[:5] == ["fpn_box", "forward", "2", "-", "5"]

@@ -187,7 +187,93 @@ def test_bench_contenders_compute_the_same_numbers(framework):
         if os.environ.get("ROICORE_REQUIRE_FRAMEWORKS", "") not in ("", "0"):
             pytest.fail(f"{framework} required but not importable: {got['skipped']}")
         pytest.skip(got["skipped"])
+    from roicore.cli.cases import OPS
     h = harness_class(framework)
+    # the single-map operators: the pyramid ones' claims are checked on their own workloads
+    # (test_pyramid_contenders_compute_the_same_numbers)
     assert sorted(map(tuple, got["checked"])) == sorted(
-        (op, dt, layout) for op, dts in h.parity_claims.items() for dt in dts
+        (op, dt, layout) for op, dts in h.parity_claims.items() if op in OPS for dt in dts
         for layout in h.layouts)
+
+
+# The pyramid rows time like against like: torchvision's MultiScaleRoIAlign, roicore's fused
+# module and the per-level loop on roicore's roi_align give the same bits, forward and
+# backward; OpenVINO's extractor assigns the same levels to these boxes and pools them alike.
+PYRAMID_SAME_NUMBERS = """if 1:
+    import json
+    import numpy as np
+    from roicore.cli import workloads, _pyramid_bench as PB
+    from roicore.cli.frameworks import harness_class
+    try:
+        t = harness_class("torch")(1)
+    except ImportError as e:
+        print(json.dumps(dict(skipped=str(e))))
+        raise SystemExit(0)
+    checked = []
+    for name in workloads.PYRAMID_WORKLOADS:
+        case, dy = workloads.pyramid_case(name, scale=0.05)
+        for dtype in ("float32", "float64"):
+            c = dict(case, maps=[m.astype(dtype) for m in case["maps"]],
+                     boxes=case["boxes"].astype(dtype))
+            calls = PB.torch_calls(t, c, dy.astype(dtype), 1)
+            assert set(calls) == {("native", ""), ("adapter", ""), ("adapter", "loop")}
+            want_y = calls[("native", "")][0]().numpy()
+            want_fb = calls[("native", "")][1]()
+            assert want_y.shape == (len(case["boxes"]), case["maps"][0].shape[1]) + case["output_size"]
+            assert want_y.dtype == dtype and np.abs(want_y).max() > 0
+            for key, (forward, forward_backward) in calls.items():
+                assert np.array_equal(forward().numpy(), want_y), (name, dtype, key)
+                y, grads = forward_backward()
+                assert np.array_equal(y.numpy(), want_y), (name, dtype, key)
+                assert len(grads) == len(case["maps"])
+                for g, w, m in zip(grads, want_fb[1], c["maps"]):
+                    assert g.shape == m.shape and np.array_equal(g.numpy(), w.numpy()), key
+                checked.append([name, dtype, key[0], key[1]])
+        try:
+            ov = harness_class("openvino")(1)
+        except ImportError:
+            continue
+        got = PB.openvino_calls(ov, case, dy, 1)[("native", "")][0]()
+        fused = PB.torch_calls(t, case, dy, 1)[("adapter", "")][0]().numpy()
+        assert got.shape == fused.shape
+        np.testing.assert_allclose(got, fused, rtol=1e-5, atol=1e-5)
+        checked.append([name, "float32", "openvino", ""])
+    print(json.dumps(dict(checked=checked)))
+"""
+
+
+def test_pyramid_contenders_compute_the_same_numbers():
+    import json
+    import os
+    proc = subprocess.run([sys.executable, "-c", PYRAMID_SAME_NUMBERS], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "skipped" in got:
+        if os.environ.get("ROICORE_REQUIRE_FRAMEWORKS", "") not in ("", "0"):
+            pytest.fail(f"torch required but not importable: {got['skipped']}")
+        pytest.skip(got["skipped"])
+    torch_rows = {(wl, dt, k, v) for wl in ("fpn_box", "fpn_mask") for dt in ("float32", "float64")
+                  for k, v in (("native", ""), ("adapter", ""), ("adapter", "loop"))}
+    assert torch_rows <= set(map(tuple, got["checked"]))
+
+
+def test_pyramid_workload_boxes_span_every_level():
+    """The boxes are pooled from all four maps, as FPN proposals are; scaled down, the same
+    maps with fewer boxes and channels."""
+    import roicore.core as rc
+    from roicore.cli import workloads
+    for name, (N, C, (H, W), strides, R, P) in workloads.PYRAMID_WORKLOADS.items():
+        case, dy = workloads.pyramid_case(name)
+        b = case["boxes"]
+        assert [m.shape for m in case["maps"]] == [(N, C, H // s, W // s) for s in strides]
+        assert b.shape == (R, 4) and dy.shape == (R, C, P, P)
+        assert (b[:, 2] > b[:, 0]).all() and (b[:, 3] > b[:, 1]).all()
+        assert b.min() >= 0 and (b[:, 2] <= W).all() and (b[:, 3] <= H).all()
+        levels = rc.pyramid_levels(b, case["scales"])
+        assert (np.bincount(levels, minlength=4) >= R // 20).all(), np.bincount(levels)
+        assert (case["sampling_ratio"], case["aligned"]) == (2, False)
+        small, _ = workloads.pyramid_case(name, scale=0.1)
+        assert [m.shape[1:] for m in small["maps"]] == [(max(1, round(C * 0.1)),) + m.shape[2:]
+                                                         for m in case["maps"]]
+        assert len(small["boxes"]) == round(R * 0.1)

@@ -1,12 +1,17 @@
 """`roicore parity`, run as a user would: every installed framework against roicore."""
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from cli_run import check_skips, roicore
 from frameworks import framework_installed
+from roicore.cli._pyramid_parity_models import MODELS
+from roicore.cli.cases import PARITY_OPS, PYRAMID_OPS
 from roicore.cli.frameworks import harness_class
+from roicore.cli.frameworks.openvino import NOT_ALIGNED
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +38,12 @@ def test_parity_short_run(parity_run):
                         for dt in ("float32", "float64")},
               "tensorflow": {("roi_pool_bilinear", "float32"), ("roi_pool_nearest", "float32")},
               "openvino": {("roi_pool", "float32"), ("roi_pool_bilinear", "float32"),
-                           ("psroi_pool", "float32")},
+                           ("psroi_pool", "float32"), ("pyramid_roi_align", "float32")},
               "onnxruntime": {("roi_pool", "float32"), ("roi_pool_bilinear", "float32"),
                               ("roi_pool_nearest", "float32"), ("roi_align", "float32"),
                               ("roi_align", "float64")},
-              "torch": {(op, dt) for op in ("roi_pool", "psroi_pool", "roi_align", "ps_roi_align")
+              "torch": {(op, dt) for op in ("roi_pool", "psroi_pool", "roi_align", "ps_roi_align",
+                                            "multi_scale_roi_align", "pyramid_roi_align")
                         for dt in ("float32", "float64")}}
     for fw in ran:
         rows = {(r["operator"], r["dtype"]): r for r in report["results"] if r["framework"] == fw}
@@ -49,19 +55,33 @@ def test_parity_short_run(parity_run):
                 assert r["grad_mismatches"] == 0 and r["grad_elements"] > 0, r
     for name in skipped:
         assert "SKIPPED" in proc.stdout and name in proc.stdout
-    # training: a convolution trained through each op, native and roicore's, identical
+    # the pyramid rows ran their adversarial cases (every level, degenerate boxes) too
+    for r in report["results"]:
+        if r["operator"] in PYRAMID_OPS:
+            assert r["cases"] >= 4, r
+            if r["framework"] == "openvino":
+                assert NOT_ALIGNED in r["notes"], r["notes"]
+            else:
+                assert r["notes"] == [] and r["grad_elements"] > 0, r
+    # training: a convolution trained through each single-map op, native and roicore's
     modes = {"paddle": ("eager", "to_static"), "mxnet": ("eager",), "torch": ("eager",),
              "tensorflow": ("eager", "tf.function", "SavedModel"), "openvino": (),
              "onnxruntime": ()}
     for fw in ran:
         rows = {(r["operator"], r["dtype"], r["mode"]): r for r in report["training"]
                 if r["framework"] == fw}
-        assert set(rows) == {(op, dt, m) for op, dt in claims[fw] for m in modes[fw]}, fw
+        assert set(rows) == {(op, dt, m) for op, dt in claims[fw] if op not in PYRAMID_OPS
+                             for m in modes[fw]}, fw
         for r in rows.values():
             assert r["ok"] and r["error"] is None and r["identical_steps"] == r["steps"] == 5, r
             assert r["loss_max_abs_diff"] == r["weight_max_abs_diff"] == 0, r
     if set(ran) - {"openvino", "onnxruntime"}:
         assert "identical steps" in proc.stdout and "bit-identical" in proc.stdout
+    # models: torchvision's detectors with roicore's poolers, identical to the unchanged ones
+    models = {r["model"]: r for r in report["models"]}
+    assert set(models) == (set(MODELS) if "torch" in ran else set())
+    for r in models.values():
+        _model_row_is_identical(r)
     # conventions table: roicore alone, shows the known disagreements
     conv = {(c["operator"], c["dtype"], c["a"], c["b"]): c for c in report["conventions"]}
     assert conv[("roi_pool", "float64", "mxnet", "paddle")]["mismatches"] > 0   # float32 bins
@@ -75,8 +95,20 @@ def test_parity_short_run(parity_run):
     assert ("torchvision_bins_P2", "torchvision") in golden
     assert ("rfcn_D2_P2", "torchvision") not in golden   # R-FCN's numbers, not torchvision's
     assert ("linear_map_P2", "torchvision") in golden
-    from roicore.cli.cases import OPS
-    assert report["suite"]["random"] == 2 * len(OPS)
+    assert report["suite"]["random"] == 2 * len(PARITY_OPS)
+
+
+def _model_row_is_identical(r):
+    """A model row's checks: roicore's poolers ran, and the eval outputs (with detections),
+    the losses and every parameter's gradient were compared and are bit-identical."""
+    assert r["ok"] and r["error"] is None and r["framework"] == "torch", r
+    assert r["operator"] == "multi_scale_roi_align" and r["dtype"] == "float32"
+    assert r["roicore_calls"] >= (4 if r["model"].startswith("mask") else 2), r
+    assert r["detections"] > 0
+    for part in ("eval", "losses", "gradients"):
+        assert r[part]["mismatches"] == 0 and r[part]["max_abs_diff"] == 0, r
+    assert r["losses"]["elements"] == (5 if r["model"].startswith("mask") else 4)
+    assert r["gradients"]["elements"] > 40_000_000   # every parameter of a ResNet-50 FPN
 
 
 def test_parity_inputs_file(tmp_path):
@@ -119,7 +151,8 @@ def test_parity_inputs_file(tmp_path):
         assert "openvino is compared in float32 only" in proc.stdout
 
 
-@pytest.mark.parametrize("fault", ["paddle", "openvino:roi_pool", "onnxruntime:roi_align"])
+@pytest.mark.parametrize("fault", ["paddle", "openvino:roi_pool", "onnxruntime:roi_align",
+                                   "openvino:pyramid_roi_align"])
 def test_parity_fails_when_an_adapter_departs(fault, tmp_path):
     fw, _, op = fault.partition(":")
     out = tmp_path / "r.json"
@@ -197,3 +230,82 @@ def test_parity_ok_names_what_it_compared(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1].startswith(
         "result: OK, 1 row(s) compared; every adapter is bit-identical to its native op")
+
+
+def test_pyramid_rows_and_models_fail_when_the_adapter_departs(tmp_path):
+    """roicore's MultiScaleRoIAlign one ulp (rows) or 2**-20 (models) off: its rows and both
+    model rows are reported as departing, while roicore.core's pyramid rows stay exact."""
+    out = tmp_path / "r.json"
+    proc = roicore("parity", "--frameworks", "torch", "--ops",
+                   "multi_scale_roi_align,pyramid_roi_align", "--cases", "0", "--no-conventions",
+                   "--json", str(out), env={"ROICORE_PARITY_FAULT": "torch:multi_scale_roi_align"})
+    report = json.loads(out.read_text())
+    ran, skipped = check_skips(report["frameworks"])
+    if not ran:
+        pytest.skip(f"torch not installed: {skipped}")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    rows = {(r["operator"], r["dtype"]): r for r in report["results"]}
+    assert set(rows) == {(op, dt) for op in PYRAMID_OPS for dt in ("float32", "float64")}
+    for (op, dt), r in rows.items():
+        assert r["bit_exact"] == (op == "pyramid_roi_align"), r
+        assert r["cases"] >= 4 and r["grad_mismatches"] == 0, r
+    assert report["training"] == []
+    assert {r["model"] for r in report["models"]} == set(MODELS)
+    for r in report["models"]:
+        assert not r["ok"] and r["error"] is None and r["roicore_calls"] > 0, r
+        assert r["eval"]["mismatches"] > 0 and r["gradients"]["mismatches"] > 0, r
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("result: FAILED: 4 row(s) depart from their native op"), last
+    assert proc.stdout.count("MISMATCH") == 4   # two rows and two models
+
+
+# Each level rule of roicore.core against torchvision's MultiScaleRoIAlign on the pyramid
+# cases: the mismatching elements of each, forward, float32 and float64.
+TORCH_LEVELS = """if 1:
+    import json
+    import numpy as np
+    import roicore.core as rc
+    from roicore.cli import cases
+    from roicore.cli.frameworks import harness_class
+    from roicore.core.conventions import LEVELS
+    h = harness_class("torch")(1)
+    mismatches, compared = dict.fromkeys(LEVELS, 0), 0
+    for c in cases.suite(["pyramid_roi_align"], 4, 0):
+        for dtype in ("float32", "float64"):
+            inputs = h.inputs(c, dtype, None)
+            y = h.to_numpy(h.forward(h.native(c, inputs)))
+            compared += 1
+            maps = [m.numpy() for m in inputs["x"]]
+            for levels in LEVELS:
+                mine = rc.pyramid_roi_align(maps, inputs["rois"].numpy(), c["output_size"],
+                                            c["spatial_scales"], c["sampling_ratio"],
+                                            canonical_level=4, canonical_size=224.0,
+                                            levels=levels, convention="torchvision")
+                mismatches[levels] += cases.compare(mine, y)[1]
+    print(json.dumps(dict(compared=compared, mismatches=mismatches)))
+"""
+
+
+def test_pyramid_row_has_the_one_level_rule_that_holds():
+    """The pyramid cases tell the frameworks' level rules apart (the epsilon's place, the
+    pixel offset, reversed boxes), so only torchvision's gives torchvision's numbers."""
+    framework_installed("torch", "the check runs torchvision")
+    proc = subprocess.run([sys.executable, "-c", TORCH_LEVELS], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["compared"] >= 16, got
+    assert [lv for lv, m in got["mismatches"].items() if m == 0] == ["torchvision"], got
+
+
+def test_parity_inputs_file_has_no_pyramid(tmp_path):
+    """A saved feature map is one map: the pyramid operators, when asked for, are skipped
+    with a note, and nothing compared is a failure."""
+    f = tmp_path / "mine.npz"
+    np.savez(f, x=np.ones((1, 2, 8, 8), np.float32), rois=np.array([[0, 0, 0, 4, 4.0]]))
+    proc = roicore("parity", "--inputs", str(f), "--ops", "pyramid_roi_align", "--frameworks",
+                   "torch", "--no-conventions")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "pyramid_roi_align skipped" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].startswith(
+        "result: FAILED: no row compared anything")
