@@ -178,7 +178,7 @@ static int TYPED(crop_run)(int forward, int nearest, const roicore_bilinear_pool
         const FWD_JOB job = {map, pooled, boxes->batch, NULL, ROICORE_INT32, 0,
                              regions ? region : NULL, &op,
                              rules->fused_lerp ? TYPED(crop_task_fused) : TYPED(crop_task), 1,
-                             0, NULL};
+                             NULL, 0, NULL};
         rc = ROICORE_CAT(roicore_blocked_forward, SFX)(&job, run, err);
     } else {
         const BWD_JOB job = {pooled, map, boxes->batch, &op, TYPED(crop_grad_task), 0, NULL};

@@ -43,6 +43,31 @@ static inline void roicore_task_row(int64_t p0, int64_t p1, int64_t PW, int64_t 
     *pw1 = ph == (p1 - 1) / PW ? (p1 - 1) % PW + 1 : PW;
 }
 
+/* A region may also mark the tiles of ROICORE_TILE x ROICORE_TILE pixels that the tasks
+ * read, per image: tiles[n * th * tw + ty * tw + tx] with th, tw the tile rows and columns
+ * (roicore_tiles_shape).  Boxes scattered over a large map (an FPN's mask head: a hundred
+ * boxes on a 200 x 304 level) then have the pixels near them packed, not their whole
+ * bounding rectangle.  Kept for maps of at most ROICORE_MAX_TILES tiles per call. */
+#define ROICORE_TILE 16
+#define ROICORE_MAX_TILES (1 << 20)
+
+static inline void roicore_tiles_shape(int64_t H, int64_t W, int64_t *th, int64_t *tw) {
+    *th = (H + ROICORE_TILE - 1) / ROICORE_TILE;
+    *tw = (W + ROICORE_TILE - 1) / ROICORE_TILE;
+}
+
+/* Marks the tiles of image n's rows [r0, r1) x columns [c0, c1) as read. */
+static inline void roicore_tiles_include(uint8_t *tiles, int64_t n, int64_t H, int64_t W,
+                                         int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    if (r1 <= r0 || c1 <= c0) return;
+    int64_t th, tw;
+    roicore_tiles_shape(H, W, &th, &tw);
+    uint8_t *t = tiles + n * th * tw;
+    for (int64_t ty = r0 / ROICORE_TILE; ty <= (r1 - 1) / ROICORE_TILE; ++ty)
+        memset(t + ty * tw + c0 / ROICORE_TILE, 1,
+               (size_t)((c1 - 1) / ROICORE_TILE - c0 / ROICORE_TILE + 1));
+}
+
 /* The regions of a forward: per image n, region[4n .. 4n+3] = r0, r1, c0, c1, at first
  * empty; each box widens its image's rectangle to take rows [r0, r1) and columns [c0, c1). */
 static inline void roicore_region_init(int64_t *region, int64_t n_images, int64_t H, int64_t W) {
@@ -89,6 +114,7 @@ static inline void roicore_region_include(int64_t *region, int64_t n, int64_t r0
         void (*pool)(const void *op, roicore_fwd_task_##SFX *task);                            \
         int rows;                    /* one sample per bin: NHWC in and out take all their */ \
                                      /* channels as one block, read x's pixel rows in place */\
+        const uint8_t *tiles;        /* with region, or NULL: the tiles the tasks read */     \
         int64_t k;                   /* with out_rows: the boxes, box k writing out's row */  \
         const int64_t *out_rows;     /* out_rows[k] (a pyramid level's boxes); NULL: out->n */\
                                      /* boxes, box k writing row k */                         \

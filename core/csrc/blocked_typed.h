@@ -35,16 +35,37 @@ static void ROICORE_CAT(pack_rect, SFX)(const roicore_tensor *x, int64_t n, int6
     }
 }
 
-/* ... the rectangle the region gives for image n, and pixel (0, 0), which RoIAlign's
- * samples outside the map read (with weight 0). */
+/* ... the rectangle the region gives for image n (only its marked tiles, with `tiles`), and
+ * pixel (0, 0), which RoIAlign's samples outside the map read (with weight 0). */
 static void ROICORE_CAT(pack_block, SFX)(const roicore_tensor *x, const int64_t *region,
-                                         int64_t n, int64_t c0, int64_t nb, int64_t lanes,
-                                         T *dst) {
+                                         const uint8_t *tiles, int64_t n, int64_t c0,
+                                         int64_t nb, int64_t lanes, T *dst) {
     const int64_t H = x->h, W = x->w;
     const int64_t *r = region ? region + 4 * n : NULL;
     const int64_t r0 = r ? r[0] : 0, r1 = r ? r[1] : H, k0 = r ? r[2] : 0, k1 = r ? r[3] : W;
-    if (r1 > r0 && k1 > k0)
+    if (r1 > r0 && k1 > k0 && r && tiles) {  /* runs of marked tiles, a band of rows at a time */
+        int64_t th, tw;
+        roicore_tiles_shape(H, W, &th, &tw);
+        const uint8_t *t = tiles + n * th * tw;
+        const int64_t last = (k1 - 1) / ROICORE_TILE;
+        for (int64_t ty = r0 / ROICORE_TILE; ty <= (r1 - 1) / ROICORE_TILE; ++ty)
+            for (int64_t tx = k0 / ROICORE_TILE; tx <= last;) {
+                if (!t[ty * tw + tx]) {
+                    ++tx;
+                    continue;
+                }
+                int64_t end = tx;
+                while (end <= last && t[ty * tw + end]) ++end;
+                ROICORE_CAT(pack_rect, SFX)(
+                    x, n, c0, nb, lanes, roicore_max64(ty * ROICORE_TILE, r0),
+                    roicore_min64((ty + 1) * ROICORE_TILE, r1),
+                    roicore_max64(tx * ROICORE_TILE, k0), roicore_min64(end * ROICORE_TILE, k1),
+                    dst);
+                tx = end;
+            }
+    } else if (r1 > r0 && k1 > k0) {
         ROICORE_CAT(pack_rect, SFX)(x, n, c0, nb, lanes, r0, r1, k0, k1, dst);
+    }
     if (!(r0 == 0 && k0 == 0 && r1 > 0 && k1 > 0))
         ROICORE_CAT(pack_rect, SFX)(x, n, c0, nb, lanes, 0, 1, 0, 1, dst);
 }
@@ -123,7 +144,7 @@ int ROICORE_CAT(roicore_blocked_forward, SFX)(const FWD_JOB *job, roicore_run *r
              t = roicore_take(next_pack)) {
             if (roicore_stopping(run)) break;
             const int64_t cb = t / N, n = t % N, c0 = cb * B, nb = roicore_min64(B, C - c0);
-            ROICORE_CAT(pack_block, SFX)(x, job->region, n, c0, nb,
+            ROICORE_CAT(pack_block, SFX)(x, job->region, job->tiles, n, c0, nb,
                                          ROICORE_CAT(block_lanes, SFX)(nb, B),
                                          (T *)scratch + n * Cp * HW + c0 * HW);
             roicore_done(packed + cb * ROICORE_COUNTER_STRIDE);

@@ -28,6 +28,7 @@ typedef struct {
     int64_t K, N, H, W, PH, PW;
     int sampler, empty_nan, divide, sum;
     int64_t *region;                   /* per image, the rectangle the samples read */
+    uint8_t *tiles;                    /* ... and its tiles they read, or NULL */
     T *ystart, *ybin, *xstart, *xbin;  /* per box */
     int64_t *ygrid, *xgrid;
     int64_t *yoff, *xoff;              /* per box, into the shared tables */
@@ -98,6 +99,15 @@ static int TYPED(align_tables)(ALIGN_OP *op, const roicore_boxes *boxes, double 
         }
         if (K < 8192) {  /* the rectangle each image's samples read (index -1: none) */
             roicore_region_init(op->region, op->N, op->H, op->W);
+            int64_t th, tw;
+            roicore_tiles_shape(op->H, op->W, &th, &tw);
+            const int64_t n_tiles = roicore_mul(roicore_mul(th, tw), op->N);
+            if (n_tiles >= 0 && n_tiles <= ROICORE_MAX_TILES) {
+                op->tiles = (uint8_t *)roicore_scratch(n_tiles, "RoIAlign tiles", err);
+                if (!op->tiles) return err ? err->code : ROICORE_ERR_MEMORY;
+                owned[2] = op->tiles;
+                memset(op->tiles, 0, (size_t)n_tiles);
+            }
             for (int64_t k = 0; k < K; ++k) {
                 if (op->ygrid[k] <= 0 || op->xgrid[k] <= 0) continue;
                 int64_t r0 = op->H, r1 = 0, c0 = op->W, c1 = 0;
@@ -112,6 +122,9 @@ static int TYPED(align_tables)(ALIGN_OP *op, const roicore_boxes *boxes, double 
                         c1 = roicore_max64(c1, op->x.hi[j] + 1);
                     }
                 roicore_region_include(op->region, boxes->batch[k], r0, r1, c0, c1);
+                if (op->tiles)
+                    roicore_tiles_include(op->tiles, boxes->batch[k], op->H, op->W, r0, r1, c0,
+                                          c1);
             }
         } else {
             op->region = NULL;
@@ -394,13 +407,13 @@ static int TYPED(align_run)(int forward, const roicore_roi_align_rules *rules,
     op.divide = op.sampler == ROICORE_SAMPLER_CAFFE2;
     const int min_size_one = roicore_align_min_size_one(forward, rules, aligned);
     const int64_t written = roicore_tensor_bytes(forward ? pooled : map);
-    void *owned[2] = {NULL, NULL};
+    void *owned[3] = {NULL, NULL, NULL};
     int rc = TYPED(align_tables)(&op, boxes, scale, sampling_ratio, aligned, min_size_one,
                                  roicore_max64(written, 16 << 20), run->n_threads, owned, err);
     if (rc == ROICORE_OK) {
         if (forward) {
             const FWD_JOB job = {map, pooled, boxes->batch, NULL, ROICORE_INT32, 0, op.region,
-                                 &op, TYPED(align_task), 0, boxes->k, rows};
+                                 &op, TYPED(align_task), 0, op.tiles, boxes->k, rows};
             rc = ROICORE_CAT(roicore_blocked_forward, SFX)(&job, run, err);
         } else {
             const BWD_JOB job = {pooled, map, boxes->batch, &op, TYPED(align_grad_task),
@@ -408,8 +421,7 @@ static int TYPED(align_run)(int forward, const roicore_roi_align_rules *rules,
             rc = ROICORE_CAT(roicore_blocked_backward, SFX)(&job, run, err);
         }
     }
-    roicore_scratch_free(owned[0]);
-    roicore_scratch_free(owned[1]);
+    for (int i = 0; i < 3; ++i) roicore_scratch_free(owned[i]);
     return rc;
 }
 

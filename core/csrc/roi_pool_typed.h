@@ -120,7 +120,7 @@ static int TYPED(max_forward)(const roicore_max_pool_rules *rules, const roicore
                        rules->initial == ROICORE_INITIAL_FIRST, initial};
     const FWD_JOB job = {x, out, boxes->batch, argmax, argmax_type,
                          rules->argmax == ROICORE_ARGMAX_GLOBAL, regions ? region : NULL, &op,
-                         TYPED(max_task), 0, 0, NULL};
+                         TYPED(max_task), 0, NULL, 0, NULL};
     int rc = ROICORE_CAT(roicore_blocked_forward, SFX)(&job, run, err);
     roicore_scratch_free(tables);
     return rc;

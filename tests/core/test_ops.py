@@ -285,6 +285,24 @@ def test_roi_align_matches_reference(convention, reduction, case, sampling_ratio
                                            sampling_ratio, aligned, rules))
 
 
+@pytest.mark.parametrize("sampling_ratio", [-1, 2])
+def test_roi_align_scattered_boxes_read_only_packed_pixels(sampling_ratio):
+    """Boxes scattered over a large map: the forward packs only the tiles near them (see
+    blocked.h), so every pixel a sample reads must be among them.  A first call over a map
+    of NaN leaves its packed copy in the kept scratch, where an unpacked pixel would show."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 9, 120, 170)).astype(np.float32)
+    rc.roi_align(np.full_like(x, np.nan), np.array([[0, 0, 0, 169, 119], [1, 0, 0, 169, 119]],
+                                                   np.float32), 7, 1.0, 2)
+    xy = rng.uniform(-10, 165, (12, 2))
+    boxes = np.concatenate([xy, xy + rng.uniform(0.5, 40, (12, 2))], 1).astype(np.float32)
+    batch = rng.integers(0, 2, 12)
+    rules = ROI_ALIGN["mxnet"]
+    for aligned in (False, True):
+        y = rc.roi_align(x, boxes, (3, 4), 1.0, sampling_ratio, aligned, batch_indices=batch)
+        assert_same(y, ref.roi_align(x, boxes, batch, (3, 4), 1.0, sampling_ratio, aligned, rules))
+
+
 def test_roi_align_nan_at_origin_propagates_through_out_of_range_samples():
     """Out-of-range samples count as 0 * v[0, 0], as in the frameworks (docs/semantics.md 2.7)."""
     x = np.ones((1, 1, 5, 5), np.float32)
