@@ -103,6 +103,7 @@ _CODES = {
         "epsilon_inside": {False: 0, True: 1},
         "invalid": {"nan": ROICORE_LEVEL_INVALID_NAN, "zero": ROICORE_LEVEL_INVALID_ZERO,
                     "skip": ROICORE_LEVEL_INVALID_SKIP},
+        "one_map": {"all": ROICORE_LEVEL_ONE_MAP_ALL, "rule": ROICORE_LEVEL_ONE_MAP_RULE},
     },
 }
 # (fields the C API knows, fields every stored array has) per rules type

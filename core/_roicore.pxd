@@ -72,6 +72,7 @@ cdef extern from "roicore.h" nogil:
         ROICORE_PS_ROI_POOL_FORMULA_RFCN, ROICORE_PS_ROI_POOL_FORMULA_TORCHVISION
         ROICORE_LEVEL_EPSILON_1E6, ROICORE_LEVEL_EPSILON_1E8
         ROICORE_LEVEL_INVALID_NAN, ROICORE_LEVEL_INVALID_ZERO, ROICORE_LEVEL_INVALID_SKIP
+        ROICORE_LEVEL_ONE_MAP_ALL, ROICORE_LEVEL_ONE_MAP_RULE
     ctypedef struct roicore_max_pool_rules:
         pass
     ctypedef struct roicore_bilinear_pool_rules:

@@ -188,12 +188,17 @@ class LevelRules:
         pooled from no level (its output is 0), as the frameworks' tensor code computes it;
         ``"zero"``, its area is 0, so the lowest level (Paddle's ``BBoxArea``); ``"skip"``,
         a box of area <= 0 is not pooled (OpenVINO).
+    one_map
+        A pyramid of one map: ``"all"``, every box is pooled from it (torchvision,
+        detectron2, mmdet and PaddleDetection call RoIAlign on a lone map directly);
+        ``"rule"``, the rule still decides which boxes are pooled (GluonCV, OpenVINO).
     """
 
     pixel_offset: bool
     epsilon: Literal["1e-6", "1e-8"]
     epsilon_inside: bool
     invalid: Literal["nan", "zero", "skip"]
+    one_map: Literal["all", "rule"] = "all"
 
 
 MAX_POOL = {
@@ -234,8 +239,8 @@ LEVELS = {
     "detectron2": LevelRules(False, "1e-8", True, "nan"),      # ROIPooler
     "mmdet": LevelRules(False, "1e-6", True, "nan"),           # SingleRoIExtractor
     "paddle": LevelRules(True, "1e-6", True, "zero"),          # distribute_fpn_proposals (CPU)
-    "gluoncv": LevelRules(True, "1e-6", True, "nan"),          # _pyramid_roi_feats
-    "openvino": LevelRules(False, "1e-6", True, "skip"),       # ExperimentalDetectronROIFeatureExtractor
+    "gluoncv": LevelRules(True, "1e-6", True, "nan", "rule"),  # _pyramid_roi_feats
+    "openvino": LevelRules(False, "1e-6", True, "skip", "rule"),  # ExperimentalDetectronROIFeatureExtractor
 }
 
 Rules = Union[MaxPoolRules, BilinearPoolRules, PSRoIPoolRules, RoIAlignRules, PSRoIAlignRules,

@@ -1087,7 +1087,7 @@ def pyramid_level(box, rules, k0, s0, first_level, n_levels, T):
         area = T(w * h)
     if rules.invalid == "skip" and not area > 0:
         return -1
-    if n_levels == 1:
+    if n_levels == 1 and rules.one_map == "all":
         return 0
     eps = T(1e-6 if rules.epsilon == "1e-6" else 1e-8)
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -430,7 +430,7 @@ static const field_spec PS_ROI_ALIGN_FIELDS[ROICORE_PS_ROI_ALIGN_RULES_FIELDS] =
 };
 static const field_spec LEVEL_FIELDS[ROICORE_LEVEL_RULES_FIELDS] = {
     {"pixel_offset", 0, 1, 0}, {"epsilon", 0, 1, 0}, {"epsilon_inside", 0, 1, 0},
-    {"invalid", 0, 2, 0},
+    {"invalid", 0, 2, 0}, {"one_map", 0, 1, ROICORE_LEVEL_ONE_MAP_ALL},
 };
 
 /* Checks `values` (every field of a struct, in order) against `spec`, and that the struct's
@@ -509,7 +509,7 @@ int roicore_check_ps_roi_align_rules(const roicore_ps_roi_align_rules *r, roicor
 int roicore_check_level_rules(const roicore_level_rules *r, roicore_error *err) {
     if (!r) return roicore_fail(err, ROICORE_ERR_ARGUMENT, "level rules are missing (NULL)");
     CHECK_RULES("LevelRules", LEVEL_FIELDS, r->pixel_offset, r->epsilon, r->epsilon_inside,
-                r->invalid);
+                r->invalid, r->one_map);
 }
 
 /* Reads an array into a zeroed struct `r` with the given field assignments, range-checking
@@ -580,7 +580,8 @@ roicore_status roicore_level_rules_from_array(const int64_t *f, int64_t n,
     RULES_FROM_ARRAY("LevelRules", LEVEL_FIELDS, ROICORE_LEVEL_RULES_FIELDS,
                      ROICORE_LEVEL_RULES_REQUIRED, roicore_check_level_rules,
                      r->pixel_offset = (int32_t)v[0]; r->epsilon = (roicore_level_epsilon)v[1];
-                     r->epsilon_inside = (int32_t)v[2]; r->invalid = (roicore_level_invalid)v[3]);
+                     r->epsilon_inside = (int32_t)v[2]; r->invalid = (roicore_level_invalid)v[3];
+                     r->one_map = (roicore_level_one_map)v[4]);
 }
 
 /* ------------------------------------------------------------------------ operators */

@@ -14,7 +14,7 @@ static int64_t TYPED(box_level)(const T *b, const roicore_level_rules *r, T s0, 
         area = w * h;
     }
     if (r->invalid == ROICORE_LEVEL_INVALID_SKIP && !(area > 0)) return -1;
-    if (n_levels == 1) return 0;  /* pooled from the lone map without a level */
+    if (n_levels == 1 && r->one_map == ROICORE_LEVEL_ONE_MAP_ALL) return 0;  /* no rule */
     const T s = _Generic(area, float: sqrtf, default: sqrt)(area);
     T v;
     if (r->epsilon_inside)

@@ -263,18 +263,25 @@ typedef enum {
     ROICORE_LEVEL_INVALID_ZERO = 1,  /* "zero": a reversed box has area 0 (Paddle) */
     ROICORE_LEVEL_INVALID_SKIP = 2   /* "skip": area <= 0 is not pooled (OpenVINO) */
 } roicore_level_invalid;
+typedef enum {
+    ROICORE_LEVEL_ONE_MAP_ALL = 0,  /* "all": a lone map pools every box (no level rule) */
+    ROICORE_LEVEL_ONE_MAP_RULE = 1  /* "rule": the rule still decides which boxes are pooled */
+} roicore_level_one_map;
 
 /* LevelRules: which pyramid level a box is pooled from.  With s = sqrt(w * h) in the boxes'
  * dtype (w = x2 - x1, plus 1 with pixel_offset), k0 the canonical level and s0 the
  * canonical size, a box's level is floor(log2(s / s0 + eps) + k0) with epsilon_inside, else
  * floor((k0 + log2(s / s0)) + eps), clamped to the pyramid's levels; a box whose level is
- * NaN (or skipped by `invalid`) is not pooled and gives 0. */
+ * NaN (or skipped by `invalid`) is not pooled and gives 0.  With one map, one_map ALL pools
+ * every box from it (torchvision, detectron2, mmdet, PaddleDetection call RoIAlign on a
+ * lone map directly); RULE applies the rule all the same (GluonCV, OpenVINO). */
 typedef struct {
     int32_t pixel_offset;
     roicore_level_epsilon epsilon;
     int32_t epsilon_inside;
     roicore_level_invalid invalid;
-    int32_t reserved[12];
+    roicore_level_one_map one_map;  /* default ALL */
+    int32_t reserved[11];
 } roicore_level_rules;
 
 /* A feature pyramid: n_levels maps, map i of level first_level + i pooled at
@@ -305,7 +312,7 @@ typedef struct {
 #define ROICORE_ROI_ALIGN_RULES_REQUIRED 4
 #define ROICORE_PS_ROI_ALIGN_RULES_FIELDS 1
 #define ROICORE_PS_ROI_ALIGN_RULES_REQUIRED 1
-#define ROICORE_LEVEL_RULES_FIELDS 4
+#define ROICORE_LEVEL_RULES_FIELDS 5
 #define ROICORE_LEVEL_RULES_REQUIRED 4
 
 roicore_status roicore_max_pool_rules_from_array(const int64_t *fields, int64_t n,
@@ -493,8 +500,7 @@ roicore_status roicore_ps_roi_align_backward(const roicore_ps_roi_align_rules *r
                                              const roicore_exec *exec, roicore_error *err);
 
 /* The pyramid level of each box, as map indices 0 .. n_levels - 1, or -1 for a box that is
- * not pooled; boxes->coords in `dtype`.  With one map every box is level 0: the frameworks
- * pool straight from a lone map without assigning levels.  Masked boxes get -1. */
+ * not pooled; boxes->coords in `dtype`.  Masked boxes get -1. */
 roicore_status roicore_pyramid_levels(const roicore_level_rules *level_rules,
                                       const roicore_pyramid *pyramid, roicore_dtype dtype,
                                       const roicore_boxes *boxes, int64_t *levels,

@@ -96,7 +96,8 @@ AT(roicore_level_rules, pixel_offset, 0);
 AT(roicore_level_rules, epsilon, 4);
 AT(roicore_level_rules, epsilon_inside, 8);
 AT(roicore_level_rules, invalid, 12);
-AT(roicore_level_rules, reserved, 16);
+AT(roicore_level_rules, one_map, 16);
+AT(roicore_level_rules, reserved, 20);
 
 SIZE(roicore_pyramid, 72);
 AT(roicore_pyramid, n_levels, 0);
@@ -149,6 +150,8 @@ VALUE(ROICORE_LEVEL_EPSILON_1E8, 1);
 VALUE(ROICORE_LEVEL_INVALID_NAN, 0);
 VALUE(ROICORE_LEVEL_INVALID_ZERO, 1);
 VALUE(ROICORE_LEVEL_INVALID_SKIP, 2);
+VALUE(ROICORE_LEVEL_ONE_MAP_ALL, 0);
+VALUE(ROICORE_LEVEL_ONE_MAP_RULE, 1);
 /* fields a stored rules array may hold, and those it must hold (older arrays stay valid) */
 VALUE(ROICORE_MAX_POOL_RULES_REQUIRED, 6);
 VALUE(ROICORE_BILINEAR_POOL_RULES_REQUIRED, 1);

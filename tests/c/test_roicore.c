@@ -1086,6 +1086,9 @@ static void pyramid_levels_rules(void) {
     /* one map: every box from it, except what SKIP refuses (areas -300 and 0) */
     static const int64_t want_one[K] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1};
     static const int64_t want_one_skip[K] = {0, 0, 0, 0, -1, 0, -1, 0, 0, 0, 0, -1};
+    /* one map with one_map RULE (GluonCV): the rule still drops the NaN level */
+    static const int64_t want_one_rule[K] = {0, 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, -1};
+    const roicore_level_rules by_rule = {.one_map = ROICORE_LEVEL_ONE_MAP_RULE};
     const roicore_level_rules offset = {.pixel_offset = 1, .invalid = ROICORE_LEVEL_INVALID_NAN};
     const roicore_level_rules inside = {.epsilon = ROICORE_LEVEL_EPSILON_1E8, .epsilon_inside = 1};
     const double scales[4] = {0.25, 0.125, 0.0625, 0.03125};
@@ -1102,7 +1105,9 @@ static void pyramid_levels_rules(void) {
                  {&inside, &four, want_inside, "epsilon_inside 1e-8"},
                  {&TORCHVISION_LEVELS, &one, want_one, "one map, nan"},
                  {&ZERO_LEVELS, &one, want_one, "one map, zero"},
-                 {&SKIP_LEVELS, &one, want_one_skip, "one map, skip"}};
+                 {&SKIP_LEVELS, &one, want_one_skip, "one map, skip"},
+                 {&by_rule, &one, want_one_rule, "one map by the rule, nan"},
+                 {&by_rule, &four, want_nan, "one_map RULE, four maps"}};
     int64_t batch[K] = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, -1};
     for (int d = 0; d < 2; ++d) {
         array c = coords_of(DTYPES[d], rows, K);
@@ -1474,7 +1479,10 @@ static void pyramid_bad_input(void) {
     lr.epsilon_inside = -1;
     EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "LevelRules.epsilon_inside");
     lr = TORCHVISION_LEVELS;
-    lr.reserved[11] = 1;
+    lr.one_map = (roicore_level_one_map)2;
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "LevelRules.one_map");
+    lr = TORCHVISION_LEVELS;
+    lr.reserved[10] = 1;
     EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "reserved");
     EXPECT_SAYS(BWD(ar, &lr, &p, gmaps), ROICORE_ERR_ARGUMENT, "reserved");
     EXPECT_SAYS(LEVELS(&lr, &p), ROICORE_ERR_ARGUMENT, "reserved");
@@ -1592,16 +1600,21 @@ static void pyramid_bad_input(void) {
 #undef FWD
 #undef BWD
 #undef LEVELS
-    /* rules from arrays: all four fields, too many (a newer roicore's), too few, bad codes */
-    const int64_t fields[] = {1, 1, 1, 2, 0};
+    /* rules from arrays: the four required fields (one_map defaults to ALL), all five, too
+       many (a newer roicore's), too few, bad codes */
+    const int64_t fields[] = {1, 1, 1, 2, 1, 0};
     roicore_level_rules from;
     memset(&from, 0x5a, sizeof from);
     CHECK(roicore_level_rules_from_array(fields, 4, &from, &err) == ROICORE_OK &&
               from.pixel_offset == 1 && from.epsilon == ROICORE_LEVEL_EPSILON_1E8 &&
               from.epsilon_inside == 1 && from.invalid == ROICORE_LEVEL_INVALID_SKIP &&
-              from.reserved[0] == 0 && from.reserved[11] == 0,
+              from.one_map == ROICORE_LEVEL_ONE_MAP_ALL && from.reserved[0] == 0 &&
+              from.reserved[10] == 0,
           "a 4-field LevelRules array: %s", err.message);
-    EXPECT_SAYS(roicore_level_rules_from_array(fields, 5, &from, &err), ROICORE_ERR_ARGUMENT, "newer roicore");
+    CHECK(roicore_level_rules_from_array(fields, 5, &from, &err) == ROICORE_OK &&
+              from.one_map == ROICORE_LEVEL_ONE_MAP_RULE,
+          "a 5-field LevelRules array: %s", err.message);
+    EXPECT_SAYS(roicore_level_rules_from_array(fields, 6, &from, &err), ROICORE_ERR_ARGUMENT, "newer roicore");
     EXPECT_SAYS(roicore_level_rules_from_array(fields, 3, &from, &err), ROICORE_ERR_ARGUMENT, "LevelRules");
     EXPECT(roicore_level_rules_from_array(NULL, 4, &from, &err), ROICORE_ERR_ARGUMENT);
     EXPECT(roicore_level_rules_from_array(fields, 4, NULL, &err), ROICORE_ERR_ARGUMENT);

@@ -145,6 +145,18 @@ def test_unpooled_and_masked_boxes_give_zero_and_no_gradient():
                                   canonical_level=2)) == [2, -1]
 
 
+def test_one_map_by_the_rule_pools_only_the_boxes_the_rule_assigns():
+    """GluonCV and OpenVINO apply their rule to a lone map too: a reversed box (NaN level)
+    is not pooled there, where torchvision's lone map pools it."""
+    m = pyramid(np.random.default_rng(5), np.float32, levels=1)
+    b = np.array([[0, 30, 30, 10, 50], [1, 0, 0, 50, 50]], np.float32)  # x2 < x1: area < 0
+    y = rc.pyramid_roi_align(m, b, 2, [0.25], levels="gluoncv", canonical_level=4)
+    assert (y[0] == 0).all() and (y[1] != 0).any()
+    assert_same(y[1:], rc.roi_align(m[0], b[1:], 2, 0.25, convention="torchvision"))
+    assert list(rc.pyramid_levels(b[:, 1:], [0.25], levels="gluoncv")) == [-1, 0]
+    assert list(rc.pyramid_levels(b[:, 1:], [0.25], levels="torchvision")) == [0, 0]
+
+
 def test_one_map_pools_every_box_from_it():
     rng = np.random.default_rng(5)
     m = pyramid(rng, np.float64, levels=1)
@@ -221,7 +233,7 @@ def test_level_rules_round_trip_through_their_codes():
         codes = _binding.rules_codes(rules)
         assert _binding.rules_from_codes("LevelRules", codes) == codes
     with pytest.raises(ValueError, match="newer roicore"):
-        _binding.rules_from_codes("LevelRules", (0, 0, 0, 0, 0))
+        _binding.rules_from_codes("LevelRules", (0, 0, 0, 0, 0, 0))
     odd = dataclasses.replace(LEVELS["torchvision"], invalid="never")
     with pytest.raises(ValueError, match="invalid"):
         _binding.rules_codes(odd)
