@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from ._proc import error_text, progress
-from .frameworks import output_channels
+from .frameworks import Harness, output_channels
 
 
 def _fault(framework, op):
@@ -120,7 +120,9 @@ def training(harness, msg):
         if c["group"] == "model":   # a detector with roicore's poolers: a model row
             if c["dtype"] in harness.parity_claims.get(c["op"], ()) and \
                     c["dtype"] in msg["dtypes"]:
-                out.append(_model(harness, c))
+                rec = _model(harness, c)
+                if rec is not None:
+                    out.append(rec)
             continue
         for dt in (d for d in harness.parity_claims.get(c["op"], ()) if d in msg["dtypes"]):
             for mode in harness.training_modes:
@@ -132,8 +134,11 @@ def training(harness, msg):
 
 def _model(harness, case):
     """A model case run with the native poolers and with roicore's, compared here (whole
-    models' gradients are too large to send): ``_pyramid_parity_models.run``'s record, or
-    the error that kept the model from running at all."""
+    models' gradients are too large to send): ``_pyramid_parity_models.run``'s record, the
+    error that kept the model from running at all, or None where the harness has no such
+    model (the detectors are torchvision's; other frameworks claim the operator too)."""
+    if type(harness).model is Harness.model:   # the base's: no models
+        return None
     rec = dict(model=case["model"], op=case["op"], dtype=case["dtype"])
     progress(f"model {case['model']}")
     try:

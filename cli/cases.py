@@ -43,10 +43,12 @@ NORMALISED = tuple(v.name for v in operators.variants() if v.method.normalised_b
 CONVENTIONS = {v.name: v.conventions for v in operators.variants()}
 # what the command line takes for an operator's other methods: "bilinear", "nearest"
 OP_ALIASES = {v.method.name: v.name for v in operators.variants() if v.name != v.operator.name}
-# The operators over a feature pyramid (roicore.core.pyramid): torchvision's MultiScaleRoIAlign
-# against roicore's adapter ("multi_scale_roi_align") and against roicore.core's
-# pyramid_roi_align ("pyramid_roi_align").  They take a list of maps, so they are not in the
-# single-map operator table (OPS) that the benchmark runs; parity runs both lists.
+# The operators over a feature pyramid (roicore.core.pyramid): each framework's own FPN pooler
+# against roicore's adapter for it ("multi_scale_roi_align": torchvision's MultiScaleRoIAlign,
+# PaddleDetection's RoIAlign extractor, GluonCV's _pyramid_roi_feats), and a native pooler
+# against roicore.core's pyramid_roi_align ("pyramid_roi_align").  They take a list of maps,
+# so they are not in the single-map operator table (OPS) that the benchmark runs; parity runs
+# both lists.
 PYRAMID_OPS = ("multi_scale_roi_align", "pyramid_roi_align")
 PARITY_OPS = OPS + PYRAMID_OPS
 

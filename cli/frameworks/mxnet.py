@@ -1,10 +1,11 @@
 """MXNet: ``mx.nd`` ROIPooling / contrib.PSROIPooling / contrib.ROIAlign against
-``roicore.adapters.mxnet``."""
+``roicore.adapters.mxnet``, and GluonCV's FPN RoI features (``_pyramid_roi_feats``, align
+mode) written on ``mx.nd`` against the adapter's ``pyramid_roi_feats``."""
 from __future__ import annotations
 
 import numpy as np
 
-from . import F32, F64, Call, keep_boxes
+from . import F32, F64, Call, Unsupported, keep_boxes
 from . import Harness as Base
 
 # operator -> MXNet's name for it (the adapter uses the same names), and its parameters for a
@@ -17,7 +18,10 @@ PARAMS = {
     "roi_align": lambda c, PH, PW: dict(pooled_size=(PH, PW), spatial_scale=c["spatial_scale"],
                                         sample_ratio=c["sampling_ratio"], aligned=c["aligned"]),
 }
-
+# the pyramid operator (cases.PYRAMID_OPS) of the adapter: pyramid_roi_feats
+PYRAMID = "multi_scale_roi_align"
+# GluonCV's level rule: canonical size 224 (canonical level 4), eps 1e-6
+CANONICAL_SCALE, EPS = 224.0, 1e-6
 
 
 def _square_only(case):
@@ -38,18 +42,65 @@ def _no_empty_aligned_boxes(case):
     return keep_boxes(case, ok, "aligned ROIAlign box of size <= 0 aborts MXNet")
 
 
+def _not_aligned(case):
+    if case["aligned"]:
+        raise Unsupported("GluonCV's _pyramid_roi_feats pools with aligned=False only")
+    return case, None
+
+
 # what each native op cannot take (Harness.restrict)
-QUIRKS = {"psroi_pool": _square_only, "roi_align": _no_empty_aligned_boxes}
+QUIRKS = {"psroi_pool": _square_only, "roi_align": _no_empty_aligned_boxes,
+          PYRAMID: _not_aligned}
+
+
+def _roi_align(F, data, rois, roi_size, spatial_scale, sample_ratio):
+    """``F.contrib.ROIAlign`` with 0 for the rows whose batch index is negative, as MXNet's
+    GPU kernel gives them: its CPU kernel leaves such a row unwritten and writes a 0 into
+    the output elsewhere, so only the other rows reach it and ``take`` puts them back.  With
+    no other row, a dummy one is pooled and never taken, so that the output stays in
+    autograd's graph (a zero gradient), as GluonCV's one call of ROIAlign keeps it."""
+    keep = np.flatnonzero(np.trunc(rois[:, 0].asnumpy()) >= 0)   # MXNet truncates the index
+    K, (PH, PW) = rois.shape[0], roi_size
+    zeros = F.zeros((1, data.shape[1], PH, PW), dtype=data.dtype)
+    pooled_rois = F.take(rois, F.array(keep)) if keep.size else F.zeros((1, 5), dtype=rois.dtype)
+    pooled = F.contrib.ROIAlign(data, pooled_rois, roi_size, spatial_scale,
+                                sample_ratio=sample_ratio)
+    index = np.zeros(K)
+    index[keep] = np.arange(1, keep.size + 1)
+    return F.take(F.concat(zeros, pooled, dim=0), F.array(index))
+
+
+def gluoncv_pyramid_roi_feats(F, features, rpn_rois, roi_size, strides, min_stage, max_stage,
+                              roi_canonical_scale, sampling_ratio, eps):
+    """GluonCV's ``_pyramid_roi_feats`` with roi_mode='align': each row's level from its
+    size, then per level ROIAlign with the other levels' rows set to -1, and the sum.  With
+    one map the rule still applies (a row of NaN level is pooled from no level), as
+    roicore.adapters.mxnet.pyramid_roi_feats claims; GluonCV's models without a pyramid call
+    ROIAlign directly instead, which is roicore's ROIAlign."""
+    if max_stage > 5:   # do not use p6 for RCNN
+        max_stage = max_stage - 1
+    _, x1, y1, x2, y2 = F.split(rpn_rois, axis=-1, num_outputs=5)
+    h = y2 - y1 + 1
+    w = x2 - x1 + 1
+    roi_level = F.floor(4 + F.log2(F.sqrt(w * h) / roi_canonical_scale + eps))
+    roi_level = F.squeeze(F.clip(roi_level, min_stage, max_stage))
+    pooled = []
+    for i, level in enumerate(range(min_stage, max_stage + 1)):
+        masked_rpn_rois = F.where(roi_level == level, rpn_rois, F.ones_like(rpn_rois) * -1.)
+        pooled.append(_roi_align(F, features[i], masked_rpn_rois, roi_size, 1. / strides[i],
+                                 sampling_ratio))
+    return F.ElementWiseSum(*pooled)
 
 
 class Harness(Base):
     name = "mxnet"
     requires = ("mxnet",)
     install = 'pip install "roicore[mxnet]"'
-    parity_claims = {op: (F32, F64) for op in NAMES}
+    parity_claims = {op: (F32, F64) for op in tuple(NAMES) + (PYRAMID,)}
     native_text = "mx.nd ROIPooling / contrib.ROIAlign / contrib.PSROIPooling"
-    parity_text = ("mx.nd ROIPooling / contrib.PSROIPooling / contrib.ROIAlign vs "
-                   "roicore.adapters.mxnet")
+    parity_text = ("mx.nd ROIPooling / contrib.PSROIPooling / contrib.ROIAlign, and GluonCV's "
+                   "_pyramid_roi_feats (align) on mx.nd, vs roicore.adapters.mxnet "
+                   "(pyramid_roi_feats)")
     training_modes = ("eager",)
 
     def __init__(self, threads=None):
@@ -65,6 +116,10 @@ class Harness(Base):
 
     def inputs(self, case, dtype, dy):
         nd = self.mx.nd
+        if case["op"] == PYRAMID:
+            return dict(x=[nd.array(m, dtype=dtype) for m in case["x"]],
+                        rois=nd.array(case["rois"].astype(dtype), dtype=dtype),
+                        dy=nd.array(dy, dtype=dtype))
         return dict(x=nd.array(case["x"], dtype=dtype), rois=nd.array(case["rois"].astype(dtype), dtype=dtype),
                     dy=nd.array(dy, dtype=dtype))
 
@@ -72,7 +127,23 @@ class Harness(Base):
         rois, kw = inputs["rois"], PARAMS[case["op"]](case, *case["output_size"])
         return Call(lambda x: fn(x, rois, **kw, **extra), inputs["x"], inputs["dy"])
 
+    def _pyramid(self, case, inputs, native):
+        """GluonCV's formula (``native``) or the adapter on the case's maps, of strides 4, 8,
+        ... (GluonCV's min_stage 2)."""
+        strides = [int(round(1 / s)) for s in case["spatial_scales"]]
+        size, rois, sr = tuple(case["output_size"]), inputs["rois"], case["sampling_ratio"]
+        if native:
+            min_stage = int(np.log2(strides[0]))
+            return Call(lambda xs: gluoncv_pyramid_roi_feats(
+                self.mx.nd, xs, rois, size, strides, min_stage, min_stage + len(xs) - 1,
+                CANONICAL_SCALE, sr, EPS), inputs["x"], inputs["dy"])
+        return Call(lambda xs: self.adapter.pyramid_roi_feats(
+            xs, rois, size, strides, "align", CANONICAL_SCALE, sr, EPS,
+            n_threads=self.threads), inputs["x"], inputs["dy"])
+
     def native(self, case, inputs):
+        if case["op"] == PYRAMID:
+            return self._pyramid(case, inputs, native=True)
         name = NAMES.get(case["op"])
         if name is None:
             return super().native(case, inputs)
@@ -81,6 +152,8 @@ class Harness(Base):
         return self._bind(fn, case, inputs)
 
     def roicore(self, case, inputs, layout="NCHW"):
+        if case["op"] == PYRAMID:
+            return self._pyramid(case, inputs, native=False)
         name = NAMES.get(case["op"])
         if name is None:
             return super().roicore(case, inputs)
@@ -101,6 +174,14 @@ class Harness(Base):
         return x
 
     def forward_backward(self, call):
+        if isinstance(call.x, list):   # a pyramid's maps: one gradient each
+            xs = [self._leaf(m) for m in call.x]
+            with self.mx.autograd.record():
+                y = call.fn(xs)
+            y.backward(call.dy)
+            for m in xs:
+                m.grad.wait_to_read()
+            return y, [m.grad for m in xs]
         x = self._leaf(call.x)
         with self.mx.autograd.record():
             y = call.fn(x)
@@ -140,6 +221,8 @@ class Harness(Base):
         return Call(lambda x: Null()(x, rois), call.x, call.dy)
 
     def to_numpy(self, t, layout="NCHW"):
+        if isinstance(t, list):   # a pyramid's gradients, level after level, flattened
+            return np.concatenate([g.asnumpy().ravel() for g in t])
         return None if t is None else t.asnumpy()
 
     def core_rules(self):

@@ -192,6 +192,15 @@ def test_p6_is_not_pooled_from():
     assert not g[4].any()
 
 
+def test_one_level_left_after_p6_is_dropped():
+    """Strides (32, 64): GluonCV's _pyramid_roi_feats pools from level 5 alone, and a box of
+    negative area has no level there (0), as with several levels."""
+    maps = _maps(np.float32, (32, 64), image=(512, 512))
+    rois = np.array([[0, 300, 40, 100, 400], [1, 10, 10, 300, 300]])
+    y, _ = _compare(maps, rois, strides=(32, 64))
+    assert not y[0].any()
+
+
 @pytest.mark.parametrize("kw", [dict(sampling_ratio=-1), dict(sampling_ratio=0),
                                 dict(roi_canonical_scale=200.0, sampling_ratio=1),
                                 dict(eps=1e-8)], ids=["adaptive", "zero", "s0=200", "eps=1e-8"])
@@ -228,6 +237,76 @@ def test_exported():
     assert "pyramid_roi_feats" in mxa.__all__
     from roicore.adapters._mxnet_pyramid import pyramid_roi_feats
     assert mxa.pyramid_roi_feats is pyramid_roi_feats
+
+
+# ------------------------------------------------------------------------------ training
+class Detector(mx.gluon.Block):
+    """A small FPN detector head: one strided 3x3 convolution per level makes the maps from
+    the image, ``pooler(features, rpn_rois)`` pools the proposals, a dense layer scores them."""
+
+    def __init__(self, pooler, C=4, P=3, outputs=5):
+        super().__init__()
+        self.pooler = pooler
+        with self.name_scope():
+            self.convs = mx.gluon.nn.Sequential()
+            for s in STRIDES:
+                self.convs.add(mx.gluon.nn.Conv2D(C, 3, strides=s, padding=1, in_channels=3))
+            self.head = mx.gluon.nn.Dense(outputs, in_units=C * P * P)
+
+    def forward(self, images, rois):
+        return self.head(self.pooler([conv(images) for conv in self.convs], rois))
+
+
+def _train(pooler, initial, images, rois, target, steps=3):
+    """``steps`` SGD steps of a Detector with ``pooler`` from the ``initial`` weights (in
+    parameter order): the loss and every weight after each step, as NumPy."""
+    net = Detector(pooler)
+    net.cast(initial[0].dtype)
+    params = list(net.collect_params().values())
+    for p, w in zip(params, initial):
+        p.initialize(mx.init.Constant(0), ctx=mx.cpu())
+        p.set_data(mx.nd.array(w, dtype=w.dtype))
+    trainer = mx.gluon.Trainer(net.collect_params(), "sgd", {"learning_rate": 0.1})
+    images, rois, target = (mx.nd.array(a, dtype=a.dtype) for a in (images, rois, target))
+    out = []
+    for _ in range(steps):
+        with mx.autograd.record():
+            loss = mx.nd.mean(mx.nd.square(net(images, rois) - target))
+        loss.backward()
+        trainer.step(1)
+        out.append((loss.asnumpy(), [p.data().asnumpy() for p in params]))
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+def test_training_a_detector_is_bit_identical(dtype):
+    """A detector trained with GluonCV's _pyramid_roi_feats (on MXNet's ops) and with
+    pyramid_roi_feats in its place, from the same weights, proposals with -1 padded rows:
+    the same loss and weights after every step."""
+    P, kw = 3, dict(roi_canonical_scale=224.0, sampling_ratio=2, eps=1e-6)
+    rng = np.random.default_rng(6)
+    images = rng.standard_normal((2, 3) + IMAGE).astype(dtype)
+    rois = _boxes(seed=7, n_random=12).astype(dtype)
+    target = rng.standard_normal((len(rois), 5)).astype(dtype)
+    initial = [rng.normal(0, np.prod(p.shape[1:]) ** -0.5 if len(p.shape) > 1 else 0.1,
+                          p.shape).astype(dtype)
+               for p in Detector(None).collect_params().values()]
+
+    def native(features, r):
+        return gluoncv_pyramid_roi_feats(mx.nd, features, r, (P, P), STRIDES, 2, 5, **kw)
+
+    def ours(features, r):
+        return mxa.pyramid_roi_feats(features, r, (P, P), STRIDES, **kw)
+    got, expected = _train(ours, initial, images, rois, target), \
+        _train(native, initial, images, rois, target)
+    for step, ((loss, weights), (loss_ref, weights_ref)) in enumerate(zip(got, expected)):
+        assert loss.dtype == dtype
+        assert_identical(loss, loss_ref)
+        assert len(weights) == len(weights_ref) == len(initial) == 2 * len(STRIDES) + 2
+        for w, w_ref, w0 in zip(weights, weights_ref, initial):
+            assert_identical(w, w_ref)
+            assert not np.array_equal(w, w0)   # every weight is trained
+    assert np.isfinite(got[-1][0]).all() and got[-1][0] < got[0][0]
 
 
 # ------------------------------------------------------------------------------ errors

@@ -266,6 +266,77 @@ def test_no_boxes():
     assert list(y.shape) == [0, 3, 2, 2] and y.dtype == paddle.float64
 
 
+# ----------------------------------------------------------------------------- training
+
+class Detector(paddle.nn.Layer):
+    """A small FPN detector head: one strided 3x3 convolution per level makes the maps from
+    the image, ``pooler(feats, boxes, boxes_num)`` pools the boxes, a linear layer scores
+    them."""
+
+    def __init__(self, pooler, C=4, P=3, outputs=5):
+        super().__init__()
+        self.convs = paddle.nn.LayerList([
+            paddle.nn.Conv2D(3, C, 3, stride=2 ** level, padding=1) for level in range(2, 6)])
+        self.head = paddle.nn.Linear(C * P * P, outputs)
+        self.pooler = pooler
+
+    def forward(self, images, boxes, boxes_num):
+        feats = [conv(images) for conv in self.convs]
+        return self.head(self.pooler(feats, boxes, boxes_num).flatten(1))
+
+
+def train(pooler, initial, images, boxes, counts, target, steps=3):
+    """``steps`` SGD steps of a Detector with ``pooler`` from the ``initial`` weights (their
+    dtype is the network's): the loss and every weight after each step, as NumPy."""
+    net = Detector(pooler)
+    net.to(dtype=next(iter(initial.values())).dtype.name)
+    net.set_state_dict(initial)
+    sgd = paddle.optimizer.SGD(learning_rate=0.1, parameters=net.parameters())
+    out = []
+    for _ in range(steps):
+        loss = ((net(tensor(images), tensor(boxes), tensor(counts)) - tensor(target)) ** 2).mean()
+        loss.backward()
+        sgd.step()
+        sgd.clear_grad()
+        out.append((loss.numpy(), {k: v.numpy() for k, v in net.state_dict().items()}))
+    return out
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_training_a_detector_is_bit_identical(dtype):
+    """A detector trained with PaddleDetection's extractor (composed of Paddle's ops) and
+    with MultiLevelRoIAlign in its place, from the same weights, with PaddleDetection's FPN
+    settings (sampling_ratio 0, aligned True): the same loss and weights after every step."""
+    P = 3
+    rng = np.random.default_rng(6)
+    images = rng.standard_normal((2, 3) + IMAGE).astype(dtype)
+    boxes, counts = proposals(dtype, seed=7)
+    # the proposals of positive size, as an RPN gives them (aligned=True with adaptive
+    # sampling makes an empty box NaN in Paddle, and a reversed one aborts it)
+    keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    counts = np.bincount(np.repeat([0, 1], counts)[keep], minlength=2).astype(np.int32)
+    boxes = boxes[keep]
+    target = rng.standard_normal((len(boxes), 5)).astype(dtype)
+    assert set(paddle_levels(boxes, counts, False)) == {2, 3, 4, 5}   # every conv is trained
+    kw = dict(output_size=P, sampling_ratio=0, aligned=True)
+    initial = {k: rng.normal(0, 0.2, v.shape).astype(dtype)
+               for k, v in Detector(None).state_dict().items()}
+
+    def native_pooler(feats, b, n):
+        return paddledet(feats, b, n, pixel_offset=False, **kw)
+    ours_ = train(rp.MultiLevelRoIAlign(spatial_scales=SCALES, **kw), initial, images, boxes,
+                  counts, target)
+    theirs = train(native_pooler, initial, images, boxes, counts, target)
+    for step, ((loss, weights), (loss_ref, weights_ref)) in enumerate(zip(ours_, theirs)):
+        assert loss.dtype == dtype
+        assert_identical(loss, loss_ref, f"loss after step {step + 1}")
+        assert weights.keys() == weights_ref.keys() == initial.keys()
+        for k in weights:
+            assert_identical(weights[k], weights_ref[k], f"{k} after step {step + 1}")
+            assert not np.array_equal(weights[k], initial[k]), k   # every weight is trained
+    assert np.isfinite(ours_[-1][0]) and ours_[-1][0] < ours_[0][0]
+
+
 # ----------------------------------------------------------------------------- errors
 
 def test_errors():

@@ -32,9 +32,11 @@ def test_parity_short_run(parity_run):
     assert "bit-exact" in proc.stdout and "MISMATCH" not in proc.stdout
     assert report["ok"] is True and report["command"] == "parity"
     # every installed framework gives a row for each (operator, dtype) its adapter claims
-    claims = {"paddle": {(op, dt) for op in ("roi_pool", "psroi_pool", "roi_align")
+    claims = {"paddle": {(op, dt) for op in ("roi_pool", "psroi_pool", "roi_align",
+                                             "multi_scale_roi_align")
                          for dt in ("float32", "float64")},
-              "mxnet": {(op, dt) for op in ("roi_pool", "psroi_pool", "roi_align")
+              "mxnet": {(op, dt) for op in ("roi_pool", "psroi_pool", "roi_align",
+                                            "multi_scale_roi_align")
                         for dt in ("float32", "float64")},
               "tensorflow": {("roi_pool_bilinear", "float32"), ("roi_pool_nearest", "float32")},
               "openvino": {("roi_pool", "float32"), ("roi_pool_bilinear", "float32"),
@@ -78,6 +80,7 @@ def test_parity_short_run(parity_run):
     if set(ran) - {"openvino", "onnxruntime"}:
         assert "identical steps" in proc.stdout and "bit-identical" in proc.stdout
     # models: torchvision's detectors with roicore's poolers, identical to the unchanged ones
+    # (Paddle and MXNet claim multi_scale_roi_align too, and give no model rows)
     models = {r["model"]: r for r in report["models"]}
     assert set(models) == (set(MODELS) if "torch" in ran else set())
     for r in models.values():
@@ -257,6 +260,33 @@ def test_pyramid_rows_and_models_fail_when_the_adapter_departs(tmp_path):
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("result: FAILED: 4 row(s) depart from their native op"), last
     assert proc.stdout.count("MISMATCH") == 4   # two rows and two models
+
+
+def test_paddle_and_mxnet_pyramid_rows_fail_when_their_adapters_depart(tmp_path):
+    """multilevel_roi_align and pyramid_roi_feats one ulp off: the multi_scale_roi_align rows
+    of Paddle and MXNet depart, in both dtypes, and neither gives a model row (the detectors
+    are torchvision's)."""
+    out = tmp_path / "r.json"
+    fault = "paddle:multi_scale_roi_align,mxnet:multi_scale_roi_align"
+    proc = roicore("parity", "--frameworks", "paddle,mxnet", "--ops", "multi_scale_roi_align",
+                   "--cases", "0", "--no-conventions", "--json", str(out),
+                   env={"ROICORE_PARITY_FAULT": fault})
+    report = json.loads(out.read_text())
+    ran, skipped = check_skips(report["frameworks"])
+    if not ran:
+        pytest.skip(f"paddle and mxnet not installed: {skipped}")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    rows = {(r["framework"], r["dtype"]): r for r in report["results"]}
+    assert set(rows) == {(fw, dt) for fw in ran for dt in ("float32", "float64")}
+    for r in rows.values():
+        assert r["operator"] == "multi_scale_roi_align" and not r["bit_exact"], r
+        assert r["cases"] >= 4 and r["max_abs_diff"] > 0, r
+        assert r["grad_elements"] > 0 and r["grad_mismatches"] == 0, r   # forward only
+        assert len(r["mismatching_cases"]) == r["cases"], r
+    assert report["training"] == [] and report["models"] == []
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"result: FAILED: {len(rows)} row(s) depart from their native op")
+    assert proc.stdout.count("MISMATCH") == len(rows)
 
 
 # Each level rule of roicore.core against torchvision's MultiScaleRoIAlign on the pyramid
