@@ -98,9 +98,8 @@ class Harness(Base):
     install = 'pip install "roicore[mxnet]"'
     parity_claims = {op: (F32, F64) for op in tuple(NAMES) + (PYRAMID,)}
     native_text = "mx.nd ROIPooling / contrib.ROIAlign / contrib.PSROIPooling"
-    parity_text = ("mx.nd ROIPooling / contrib.PSROIPooling / contrib.ROIAlign, and GluonCV's "
-                   "_pyramid_roi_feats (align) on mx.nd, vs roicore.adapters.mxnet "
-                   "(pyramid_roi_feats)")
+    parity_text = ("mx.nd ROIPooling / contrib.PSROIPooling / contrib.ROIAlign / GluonCV's "
+                   "_pyramid_roi_feats vs roicore.adapters.mxnet")
     training_modes = ("eager",)
 
     def __init__(self, threads=None):
