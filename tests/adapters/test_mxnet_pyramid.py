@@ -1,7 +1,7 @@
 """roicore.adapters.mxnet.pyramid_roi_feats against GluonCV's ``_pyramid_roi_feats``, bit for bit.
 
-The oracle is GluonCV's 'align' branch written here on ``mx.nd`` (GluonCV itself is not a
-dependency): levels from ``split``, ``log2``, ``sqrt``, ``floor`` and ``clip``, per level
+The oracle is GluonCV's 'align' branch written on ``mx.nd`` in roicore parity's MXNet harness
+(GluonCV itself is not a dependency): levels from ``split``, ``log2``, ``sqrt``, ``floor`` and ``clip``, per level
 ``where`` to replace the other levels' rows by -1, ``contrib.ROIAlign``, and
 ``ElementWiseSum``.  Outputs and the maps' gradients through ``mx.autograd`` (random head
 gradient) must be identical.  MXNet's CPU ROIAlign leaves a row whose batch index is negative
@@ -30,38 +30,15 @@ IMAGE = (112, 96)  # (H, W): maps of 28x24, 14x12, 7x6 and 4x3
 
 
 # ------------------------------------------------------------------------------ oracle
-def _native_roi_align(F, data, rois, roi_size, spatial_scale, sample_ratio):
-    """``F.contrib.ROIAlign`` with 0 for rows whose batch index is negative (see the module
-    docstring): only the others reach MXNet's CPU kernel, and ``take`` puts them back."""
-    keep = np.flatnonzero(np.trunc(rois[:, 0].asnumpy()) >= 0)  # MXNet truncates the index
-    K, (PH, PW) = rois.shape[0], roi_size
-    zeros = F.zeros((1, data.shape[1], PH, PW), dtype=data.dtype)
-    if not keep.size:
-        return F.take(zeros, F.zeros((K,)))
-    pooled = F.contrib.ROIAlign(data, F.take(rois, F.array(keep)), roi_size, spatial_scale,
-                                sample_ratio=sample_ratio)
-    index = np.zeros(K)
-    index[keep] = np.arange(1, keep.size + 1)
-    return F.take(F.concat(zeros, pooled, dim=0), F.array(index))
+# GluonCV's formula on mx.nd, the one roicore parity compares with (cli/frameworks/mxnet.py)
+from roicore.cli.frameworks.mxnet import gluoncv_pyramid_roi_feats as _gluoncv  # noqa: E402
 
 
 def gluoncv_pyramid_roi_feats(F, features, rpn_rois, roi_size, strides, min_stage, max_stage,
                               roi_canonical_scale=224.0, sampling_ratio=2, eps=1e-6):
-    """GluonCV's FasterRCNN._pyramid_roi_feats, roi_mode='align', with MXNet >= 1.6 ops."""
-    if max_stage > 5:  # do not use p6 for RCNN
-        max_stage = max_stage - 1
-    _, x1, y1, x2, y2 = F.split(rpn_rois, axis=-1, num_outputs=5)
-    h = y2 - y1 + 1
-    w = x2 - x1 + 1
-    roi_level = F.floor(4 + F.log2(F.sqrt(w * h) / roi_canonical_scale + eps))
-    roi_level = F.squeeze(F.clip(roi_level, min_stage, max_stage))
-    pooled_roi_feats = []
-    for i, l in enumerate(range(min_stage, max_stage + 1)):
-        masked_rpn_rois = F.where(roi_level == l, rpn_rois, F.ones_like(rpn_rois) * -1.)
-        pooled_feature = _native_roi_align(F, features[i], masked_rpn_rois, roi_size,
-                                           1. / strides[i], sample_ratio=sampling_ratio)
-        pooled_roi_feats.append(pooled_feature)
-    return F.ElementWiseSum(*pooled_roi_feats)
+    """GluonCV's FasterRCNN._pyramid_roi_feats, roi_mode='align', with its defaults."""
+    return _gluoncv(F, features, rpn_rois, roi_size, strides, min_stage, max_stage,
+                    roi_canonical_scale, sampling_ratio, eps)
 
 
 # ------------------------------------------------------------------------------ cases
