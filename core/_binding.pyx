@@ -88,7 +88,8 @@ _CODES = {
                     "torchvision": ROICORE_PS_ROI_POOL_FORMULA_TORCHVISION},
     },
     "RoIAlignRules": {
-        "sampler": {"caffe2": ROICORE_SAMPLER_CAFFE2, "paddle": ROICORE_SAMPLER_PADDLE},
+        "sampler": {"caffe2": ROICORE_SAMPLER_CAFFE2, "paddle": ROICORE_SAMPLER_PADDLE,
+                    "model_garden": ROICORE_SAMPLER_MODEL_GARDEN},
         "scale_precision": {"input": ROICORE_PRECISION_INPUT, "float32": ROICORE_PRECISION_FLOAT32},
         "empty_grid": {"zero": ROICORE_EMPTY_GRID_ZERO, "nan": ROICORE_EMPTY_GRID_NAN},
         "backward_min_size_always": {False: 0, True: 1},
@@ -104,6 +105,8 @@ _CODES = {
         "invalid": {"nan": ROICORE_LEVEL_INVALID_NAN, "zero": ROICORE_LEVEL_INVALID_ZERO,
                     "skip": ROICORE_LEVEL_INVALID_SKIP},
         "one_map": {"all": ROICORE_LEVEL_ONE_MAP_ALL, "rule": ROICORE_LEVEL_ONE_MAP_RULE},
+        "formula": {"log2": ROICORE_LEVEL_FORMULA_LOG2,
+                    "model_garden": ROICORE_LEVEL_FORMULA_MODEL_GARDEN},
     },
 }
 # (fields the C API knows, fields every stored array has) per rules type

@@ -16,7 +16,7 @@ from typing import Literal, Union
 
 __all__ = [
     "MaxPoolRules", "BilinearPoolRules", "PSRoIPoolRules", "RoIAlignRules", "PSRoIAlignRules",
-    "LevelRules", "LEVELS",
+    "LevelRules", "LEVELS", "MODEL_GARDEN_ALIGN",
     "MAX_POOL", "BILINEAR_POOL", "PSROI_POOL", "ROI_ALIGN", "PSROI_ALIGN", "resolve",
 ]
 
@@ -125,6 +125,12 @@ class RoIAlignRules:
         divided by the count (MXNet ROIAlign, torchvision roi_align).  ``"paddle"``:
         ``y = y1 + bin*(ph + (iy+.5)/g)``, weights ``y_high - y``, the sum multiplied by
         ``1/count`` (Paddle roi_align forward); the two differ in the last bit.
+        ``"model_garden"``: the TF Model Garden's ``multilevel_crop_and_resize``, one sample
+        per bin (``sampling_ratio=1``, unaligned, no minimum box size) at
+        ``y1 + ((ph + .5) * h) / PH``; its neighbours ``floor(y)`` and ``floor(y) + 1`` are
+        clamped into the map but its weights ``1 - ly``, ``ly`` are not, so a sample outside
+        the map extrapolates.  Its gradient adds each bin row's low neighbour row, then its
+        high one, as TensorFlow's gather gradient does.
     scale_precision
         As in :class:`MaxPoolRules`.
     empty_grid
@@ -141,7 +147,7 @@ class RoIAlignRules:
         weights this way, then removes the zero point before it divides.
     """
 
-    sampler: Literal["caffe2", "paddle"]
+    sampler: Literal["caffe2", "paddle", "model_garden"]
     scale_precision: Literal["float32", "input"]
     empty_grid: Literal["zero", "nan"]
     backward_min_size_always: bool
@@ -192,6 +198,14 @@ class LevelRules:
         A pyramid of one map: ``"all"``, every box is pooled from it (torchvision,
         detectron2, mmdet and PaddleDetection call RoIAlign on a lone map directly);
         ``"rule"``, the rule still decides which boxes are pooled (GluonCV, OpenVINO).
+    formula
+        ``"log2"``, the formula above, or ``"model_garden"``, the TF Model Garden's
+        ``floor(ln(s / s0) / ln 2) + k0`` with ``w``, ``h``, ``s`` and the logarithms in
+        float32, no epsilon, and a level that is not finite (a reversed or empty box) the
+        first; it reads no other field.  TensorFlow's vectorised ``log`` can differ from the
+        C library's by an ulp, so a box within an ulp or so of a level boundary may land one
+        level apart from TensorFlow's; ``roicore.adapters.tf.multilevel_crop_and_resize``
+        computes the levels with TensorFlow's own ops.
     """
 
     pixel_offset: bool
@@ -199,6 +213,7 @@ class LevelRules:
     epsilon_inside: bool
     invalid: Literal["nan", "zero", "skip"]
     one_map: Literal["all", "rule"] = "all"
+    formula: Literal["log2", "model_garden"] = "log2"
 
 
 MAX_POOL = {
@@ -228,6 +243,10 @@ ROI_ALIGN = {
     "paddle": RoIAlignRules("paddle", "float32", "nan", True),
 }
 
+# The TF Model Garden's sampler (multilevel_crop_and_resize): not a RoIAlign of any
+# framework's, so not in ROI_ALIGN; pass it as ``convention=`` with sampling_ratio=1.
+MODEL_GARDEN_ALIGN = RoIAlignRules("model_garden", "input", "zero", False)
+
 PSROI_ALIGN = {
     "torchvision": PSRoIAlignRules("input"),
 }
@@ -241,6 +260,7 @@ LEVELS = {
     "paddle": LevelRules(True, "1e-6", True, "zero"),          # distribute_fpn_proposals (CPU)
     "gluoncv": LevelRules(True, "1e-6", True, "nan", "rule"),  # _pyramid_roi_feats
     "openvino": LevelRules(False, "1e-6", True, "skip", "rule"),  # ExperimentalDetectronROIFeatureExtractor
+    "tf_model_garden": LevelRules(False, "1e-6", False, "nan", formula="model_garden"),  # multilevel_crop_and_resize
 }
 
 Rules = Union[MaxPoolRules, BilinearPoolRules, PSRoIPoolRules, RoIAlignRules, PSRoIAlignRules,

@@ -37,6 +37,7 @@ MAX_LEVELS = 64
 CANONICAL = {
     "torchvision": (4, 224.0), "detectron2": (4, 224.0), "paddle": (4, 224.0),
     "gluoncv": (4, 224.0), "mmdet": (0, 56.0), "openvino": (2, 224.0),
+    "tf_model_garden": (4, 224.0),
 }
 
 

@@ -26,6 +26,8 @@ Nothing here imports compiled roicore code.
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 from fractions import Fraction
 
@@ -1073,9 +1075,97 @@ def numeric_grad(f, x, eps=1e-6):
 # ---------------------------------------------------------------------------------------
 # feature pyramids
 
+# ---------------------------------------------------------------------------------------------
+# The TF Model Garden's multilevel_crop_and_resize sampler (docs/semantics.md 5.7), written from
+# its published code: per box a 2P x 2P grid of gathered neighbours, each times its kernel
+# weight, then a 2 x 2 average; its gradient is TensorFlow's gather gradient, which adds the
+# gathered pixels in gather order.
+
+def _garden_axis(lo, hi, s, P, size, T):
+    """Per output index p: (low, high, weight of low, weight of high) on one axis."""
+    start, extent = T(T(lo) * s), T(T(T(hi) * s) - T(T(lo) * s))
+    out = []
+    for p in range(P):
+        v = T(start + T(T(T(p + 0.5) * extent) / T(P)))
+        low = min(max(T(np.floor(v)), T(0)), T(size - 1))
+        high = min(T(low + T(1)), T(size - 1))
+        l = T(v - low)
+        out.append((int(low), int(high), T(T(1) - l), l))
+    return out
+
+
+def model_garden_crop(x, boxes, batch, output_size, spatial_scale):
+    """Forward: (K, C, PH, PW), with spatial_scale held in x's dtype."""
+    x = np.asarray(x)
+    T = _real_type(x)
+    boxes = _boxes_as(boxes, T)
+    N, C, H, W = x.shape
+    PH, PW = _pair(output_size)
+    s = T(spatial_scale)
+    y = np.zeros((len(boxes), C, PH, PW), T)
+    with np.errstate(all="ignore"):
+        for n in range(len(boxes)):
+            b = _batch_index(batch, n, N)
+            x1, y1, x2, y2 = _box(boxes, n, T)
+            rows, cols = _garden_axis(y1, y2, s, PH, H, T), _garden_axis(x1, x2, s, PW, W, T)
+            for ph, (yl, yh, hy, ly) in enumerate(rows):
+                for pw, (xl, xh, hx, lx) in enumerate(cols):
+                    v = x[b, :, :, :]
+                    y[n, :, ph, pw] = (((v[:, yl, xl] * T(hy * hx) + v[:, yl, xh] * T(hy * lx))
+                                        + v[:, yh, xl] * T(ly * hx)) + v[:, yh, xh] * T(ly * lx))
+    return y
+
+
+def model_garden_crop_backward(grad_output, boxes, batch, input_shape, spatial_scale):
+    """Backward: each box adds, per bin row, g * w to its low neighbour row across every bin
+    (low column, then high), then to its high neighbour row."""
+    g = np.asarray(grad_output)
+    T = _real_type(g)
+    boxes = _boxes_as(boxes, T)
+    N, C, H, W = (int(d) for d in input_shape)
+    PH, PW = g.shape[2:]
+    s = T(spatial_scale)
+    dx = np.zeros((N, C, H, W), T)
+    with np.errstate(all="ignore"):
+        for n in range(len(boxes)):
+            b = _batch_index(batch, n, N)
+            x1, y1, x2, y2 = _box(boxes, n, T)
+            rows, cols = _garden_axis(y1, y2, s, PH, H, T), _garden_axis(x1, x2, s, PW, W, T)
+            for ph, (yl, yh, hy, ly) in enumerate(rows):
+                for row, wy in ((yl, hy), (yh, ly)):
+                    for pw, (xl, xh, hx, lx) in enumerate(cols):
+                        for col, wx in ((xl, hx), (xh, lx)):
+                            dx[b, :, row, col] += g[n, :, ph, pw] * T(wy * wx)
+    return dx
+
+
+def _logf():
+    """The C library's logf, which the Model Garden rule is defined with (NumPy's float32
+    log is its own vectorised one)."""
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.logf.restype, libm.logf.argtypes = ctypes.c_float, [ctypes.c_float]
+    return lambda v: np.float32(libm.logf(float(v)))
+
+
+def model_garden_level(box, k0, s0, first_level, n_levels, T):
+    """The TF Model Garden's level (multilevel_crop_and_resize): floor(ln(s / s0) / ln 2) +
+    k0 in float32 (the box's sides cast from T), a non-finite level the first."""
+    x1, y1, x2, y2 = (T(v) for v in box)
+    f32, logf = np.float32, _logf()
+    w, h = f32(T(x2 - x1)), f32(T(y2 - y1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = f32(f32(np.sqrt(f32(h * w))) / f32(s0))
+        v = f32(np.floor(f32(logf(ratio) / logf(f32(2)))) + f32(k0))
+    if not np.isfinite(v):
+        return 0
+    return int(min(max(v, first_level), first_level + n_levels - 1)) - first_level
+
+
 def pyramid_level(box, rules, k0, s0, first_level, n_levels, T):
     """The map index of ``box`` [x1, y1, x2, y2] by a ``LevelRules`` written from the
     frameworks' formulas, each step rounded to T; -1: not pooled."""
+    if rules.formula == "model_garden":
+        return model_garden_level(box, k0, s0, first_level, n_levels, T)
     x1, y1, x2, y2 = (T(v) for v in box)
     one = T(1)
     if rules.invalid == "zero" and (x2 < x1 or y2 < y1):

@@ -5,13 +5,15 @@
 #define SAMPLES TYPED(align_samples)
 
 /* One axis of a box: where it starts, its bin size and its samples per bin (which may be
- * <= 0 for an aligned box of size <= 0 with adaptive sampling). */
+ * <= 0 for an aligned box of size <= 0 with adaptive sampling).  With the Model Garden's
+ * sampler `bin_size` is the box's whole size, which that sampler divides per sample. */
 static void TYPED(align_axis)(T lo, T hi, T scale, T offset, int64_t P, int64_t sampling_ratio,
-                              int min_size_one, T *start, T *bin_size, int64_t *grid) {
+                              int min_size_one, int sampler, T *start, T *bin_size,
+                              int64_t *grid) {
     const T a = lo * scale - offset;
     T size = hi * scale - offset - a;
     if (min_size_one && size < 1) size = 1;
-    *bin_size = size / (T)P;
+    *bin_size = sampler == ROICORE_SAMPLER_MODEL_GARDEN ? size : size / (T)P;
     *grid = sampling_ratio > 0 ? sampling_ratio : (int64_t)ceil(size / (T)P);
     *start = a;
 }
@@ -22,8 +24,28 @@ typedef struct {
     T *lw, *hw;
 } SAMPLES;
 
-static void TYPED(bin_samples)(T start, T bin_size, int64_t grid, int64_t p, int64_t size,
-                               int sampler, SAMPLES s) {
+/* The Model Garden's one sample of bin p of P, for a box from `start` of size `extent`:
+ * at start + ((p + .5) * extent) / P, its neighbours floor(v) and floor(v) + 1 clamped into
+ * [0, size - 1] and its weights 1 - l and l of l = v - low, unclamped. */
+static void TYPED(garden_sample)(T start, T extent, int64_t p, int64_t P, int64_t size,
+                                 SAMPLES s) {
+    const T v = start + ((T)((double)p + .5) * extent) / (T)P;
+    T low = _Generic(v, float: floorf, default: floor)(v);
+    if (low < 0) low = 0;
+    if (low > (T)(size - 1)) low = (T)(size - 1);
+    s.lo[0] = (int64_t)low;
+    s.hi[0] = roicore_min64(s.lo[0] + 1, size - 1);
+    const T l = v - low;
+    s.lw[0] = (T)1 - l;
+    s.hw[0] = l;
+}
+
+static void TYPED(bin_samples)(T start, T bin_size, int64_t grid, int64_t p, int64_t P,
+                               int64_t size, int sampler, SAMPLES s) {
+    if (sampler == ROICORE_SAMPLER_MODEL_GARDEN) {  /* grid is 1 */
+        TYPED(garden_sample)(start, bin_size, p, P, size, s);
+        return;
+    }
     for (int64_t i = 0; i < grid; ++i) {
         T v;
         if (sampler == ROICORE_SAMPLER_CAFFE2)

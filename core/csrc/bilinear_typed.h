@@ -181,7 +181,7 @@ static int TYPED(crop_run)(int forward, int nearest, const roicore_bilinear_pool
                              NULL, 0, NULL};
         rc = ROICORE_CAT(roicore_blocked_forward, SFX)(&job, run, err);
     } else {
-        const BWD_JOB job = {pooled, map, boxes->batch, &op, TYPED(crop_grad_task), 0, NULL};
+        const BWD_JOB job = {pooled, map, boxes->batch, &op, TYPED(crop_grad_task), 0, NULL, 0};
         rc = ROICORE_CAT(roicore_blocked_backward, SFX)(&job, run, err);
     }
     roicore_scratch_free(tables);

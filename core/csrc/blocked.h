@@ -135,6 +135,8 @@ static inline void roicore_region_include(int64_t *region, int64_t n, int64_t r0
         void (*add)(const void *op, roicore_bwd_task_##SFX *task);                             \
         int64_t k;                   /* with g_rows: the boxes, box k's gradient in row */    \
         const int64_t *g_rows;       /* g_rows[k] of grad_output; NULL: row k of g->n */      \
+        int whole_rows;              /* tasks take whole rows of bins: an adjoint that adds */\
+                                     /* a row's bins together (the Model Garden's) */         \
     } roicore_bwd_job_##SFX;                                                                   \
                                                                                                \
     int roicore_blocked_forward_##SFX(const roicore_fwd_job_##SFX *job, roicore_run *run,      \

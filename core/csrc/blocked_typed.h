@@ -249,7 +249,8 @@ int ROICORE_CAT(roicore_blocked_backward, SFX)(const BWD_JOB *job, roicore_run *
     if ((C + B - 1) / B * N < nt)
         B = roicore_clamp64(roicore_round_up((C * N + nt - 1) / nt, 8), 8, ROICORE_BLOCK_LANES);
     const int64_t n_cb = (C + B - 1) / B, n_tasks = n_cb * N;
-    const int64_t chunk = roicore_clamp64(CHUNK_BYTES / (B * (int64_t)sizeof(T)), 1, P);
+    int64_t chunk = roicore_clamp64(CHUNK_BYTES / (B * (int64_t)sizeof(T)), 1, P);
+    if (job->whole_rows && g->w > 0) chunk = roicore_max64(g->w, chunk - chunk % g->w);
     const int64_t thread_bytes = roicore_round_up(
         roicore_mul(HW + chunk, B * (int64_t)sizeof(T)), ROICORE_LINE);
     if (thread_bytes < 0) return roicore_fail(err, ROICORE_ERR_MEMORY, "grad_input is too large");

@@ -422,7 +422,7 @@ static const field_spec PS_ROI_POOL_FIELDS[ROICORE_PS_ROI_POOL_RULES_FIELDS] = {
     {"scale_precision", 0, 1, 0}, {"formula", 0, 1, ROICORE_PS_ROI_POOL_FORMULA_RFCN},
 };
 static const field_spec ROI_ALIGN_FIELDS[ROICORE_ROI_ALIGN_RULES_FIELDS] = {
-    {"sampler", 0, 1, 0}, {"scale_precision", 0, 1, 0}, {"empty_grid", 0, 1, 0},
+    {"sampler", 0, 2, 0}, {"scale_precision", 0, 1, 0}, {"empty_grid", 0, 1, 0},
     {"backward_min_size_always", 0, 1, 0}, {"reduction", 0, 1, ROICORE_REDUCTION_MEAN},
 };
 static const field_spec PS_ROI_ALIGN_FIELDS[ROICORE_PS_ROI_ALIGN_RULES_FIELDS] = {
@@ -431,6 +431,7 @@ static const field_spec PS_ROI_ALIGN_FIELDS[ROICORE_PS_ROI_ALIGN_RULES_FIELDS] =
 static const field_spec LEVEL_FIELDS[ROICORE_LEVEL_RULES_FIELDS] = {
     {"pixel_offset", 0, 1, 0}, {"epsilon", 0, 1, 0}, {"epsilon_inside", 0, 1, 0},
     {"invalid", 0, 2, 0}, {"one_map", 0, 1, ROICORE_LEVEL_ONE_MAP_ALL},
+    {"formula", 0, 1, ROICORE_LEVEL_FORMULA_LOG2},
 };
 
 /* Checks `values` (every field of a struct, in order) against `spec`, and that the struct's
@@ -509,7 +510,7 @@ int roicore_check_ps_roi_align_rules(const roicore_ps_roi_align_rules *r, roicor
 int roicore_check_level_rules(const roicore_level_rules *r, roicore_error *err) {
     if (!r) return roicore_fail(err, ROICORE_ERR_ARGUMENT, "level rules are missing (NULL)");
     CHECK_RULES("LevelRules", LEVEL_FIELDS, r->pixel_offset, r->epsilon, r->epsilon_inside,
-                r->invalid, r->one_map);
+                r->invalid, r->one_map, r->formula);
 }
 
 /* Reads an array into a zeroed struct `r` with the given field assignments, range-checking
@@ -581,7 +582,8 @@ roicore_status roicore_level_rules_from_array(const int64_t *f, int64_t n,
                      ROICORE_LEVEL_RULES_REQUIRED, roicore_check_level_rules,
                      r->pixel_offset = (int32_t)v[0]; r->epsilon = (roicore_level_epsilon)v[1];
                      r->epsilon_inside = (int32_t)v[2]; r->invalid = (roicore_level_invalid)v[3];
-                     r->one_map = (roicore_level_one_map)v[4]);
+                     r->one_map = (roicore_level_one_map)v[4];
+                     r->formula = (roicore_level_formula)v[5]);
 }
 
 /* ------------------------------------------------------------------------ operators */

@@ -40,9 +40,9 @@ static int TYPED(ps_align_boxes)(const roicore_boxes *boxes, double scale, int64
             continue;
         }
         TYPED(align_axis)(c[4 * k + 1], c[4 * k + 3], s, (T)0.5, PH, sampling_ratio, 0,
-                          &g->ystart, &g->ybin, &g->ygrid);
+                          ROICORE_SAMPLER_CAFFE2, &g->ystart, &g->ybin, &g->ygrid);
         TYPED(align_axis)(c[4 * k + 0], c[4 * k + 2], s, (T)0.5, PW, sampling_ratio, 0,
-                          &g->xstart, &g->xbin, &g->xgrid);
+                          ROICORE_SAMPLER_CAFFE2, &g->xstart, &g->xbin, &g->xgrid);
         const int rc = roicore_check_grid(k, g->ygrid, g->xgrid, err);
         if (rc) return rc;
         if (g->ygrid > 0 && g->xgrid > 0)
@@ -158,9 +158,9 @@ static int TYPED(ps_align_forward)(const roicore_tensor *x, const roicore_boxes 
         const int64_t gy = none ? 0 : g->ygrid, gx = none ? 0 : g->xgrid;
         const T count = (T)(g->ygrid * g->xgrid);
         SAMPLES ys = TYPED(ps_align_piece)(&p, 0), xs = TYPED(ps_align_piece)(&p, 1);
-        TYPED(bin_samples)(g->ystart, g->ybin, gy, ph, H, ROICORE_SAMPLER_CAFFE2, ys);
+        TYPED(bin_samples)(g->ystart, g->ybin, gy, ph, PH, H, ROICORE_SAMPLER_CAFFE2, ys);
         for (int64_t pw = 0; pw < PW; ++pw) {
-            TYPED(bin_samples)(g->xstart, g->xbin, gx, pw, W, ROICORE_SAMPLER_CAFFE2, xs);
+            TYPED(bin_samples)(g->xstart, g->xbin, gx, pw, PW, W, ROICORE_SAMPLER_CAFFE2, xs);
             T *cell = o + pw * so.w;
             const T *plane = xd + b * sx.n + (ph * PW + pw) * sx.c;  /* channel d: + d*PH*PW */
             const int64_t step = PH * PW * sx.c;
@@ -231,8 +231,8 @@ static int TYPED(ps_align_backward)(const roicore_tensor *g_out, const roicore_b
             for (int64_t c = c0; c < c1; ++c) {
                 const int64_t d = c / (PH * PW), ph = c / PW % PH, pw = c % PW;
                 const T gv = gd[k * sg.n + d * sg.c + ph * sg.h + pw * sg.w];
-                TYPED(bin_samples)(g->ystart, g->ybin, gy, ph, H, ROICORE_SAMPLER_CAFFE2, ys);
-                TYPED(bin_samples)(g->xstart, g->xbin, gx, pw, W, ROICORE_SAMPLER_CAFFE2, xs);
+                TYPED(bin_samples)(g->ystart, g->ybin, gy, ph, PH, H, ROICORE_SAMPLER_CAFFE2, ys);
+                TYPED(bin_samples)(g->xstart, g->xbin, gx, pw, PW, W, ROICORE_SAMPLER_CAFFE2, xs);
                 TYPED(ps_align_add)(dxd + b * sd.n + c * sd.c, sd.h, sd.w, ys, gy, xs, gx,
                                     gv, count);
             }

@@ -165,7 +165,7 @@ static int check_common(const roicore_roi_align_rules *rules, const roicore_leve
     int rc;
     if ((rc = roicore_check_roi_align_rules(rules, err)) ||
         (rc = roicore_check_level_rules(lr, err)) || (rc = check_pyramid(p, err)) ||
-        (rc = roicore_check_align_args(sampling_ratio, aligned, err)))
+        (rc = roicore_check_align_args(rules, sampling_ratio, aligned, err)))
         return rc;
     for (int64_t l = 0; l < p->n_levels; ++l) {
         double held;

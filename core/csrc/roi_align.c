@@ -7,7 +7,13 @@
 #define ROICORE_TYPED "roi_align_typed.h"
 #include "dtypes.h"
 
-int roicore_check_align_args(int64_t sampling_ratio, int aligned, roicore_error *err) {
+int roicore_check_align_args(const roicore_roi_align_rules *rules, int64_t sampling_ratio,
+                             int aligned, roicore_error *err) {
+    if (rules->sampler == ROICORE_SAMPLER_MODEL_GARDEN && (sampling_ratio != 1 || aligned))
+        return roicore_fail(err, ROICORE_ERR_ARGUMENT,
+                            "the Model Garden's sampler takes one sample per bin of an unaligned "
+                            "box: sampling_ratio must be 1 and aligned 0, got %lld and %d",
+                            (long long)sampling_ratio, aligned);
     if (sampling_ratio > ROICORE_MAX_SAMPLING_RATIO)
         return roicore_fail(err, ROICORE_ERR_ARGUMENT,
                             "sampling_ratio must be <= %d (at most 2**20 samples per bin), got %lld",
@@ -28,7 +34,7 @@ roicore_status roicore_roi_align_forward(const roicore_roi_align_rules *rules,
     double scale;
     if ((rc = roicore_check_roi_align_rules(rules, err)) ||
         (rc = roicore_check_forward(exec, x, boxes, x ? x->c : 0, out, err)) ||
-        (rc = roicore_check_align_args(sampling_ratio, aligned, err)) ||
+        (rc = roicore_check_align_args(rules, sampling_ratio, aligned, err)) ||
         (rc = roicore_held_scale(spatial_scale, rules->scale_precision, x->dtype, &scale, err)) ||
         (rc = roicore_check_coord_range(boxes, x->dtype, scale, scale, err)))
         return (roicore_status)rc;
@@ -52,7 +58,7 @@ roicore_status roicore_roi_align_backward(const roicore_roi_align_rules *rules,
     double scale;
     if ((rc = roicore_check_roi_align_rules(rules, err)) ||
         (rc = roicore_check_backward(exec, dx, boxes, 1, dx ? dx->c : 0, g, err)) ||
-        (rc = roicore_check_align_args(sampling_ratio, aligned, err)) ||
+        (rc = roicore_check_align_args(rules, sampling_ratio, aligned, err)) ||
         (rc = roicore_held_scale(spatial_scale, rules->scale_precision, dx->dtype, &scale, err)) ||
         (rc = roicore_check_coord_range(boxes, dx->dtype, scale, scale, err)))
         return (roicore_status)rc;

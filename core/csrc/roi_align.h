@@ -17,6 +17,7 @@ int roicore_align_rows(int forward, const roicore_roi_align_rules *rules,
  * backward aligned ones too. */
 static inline int roicore_align_min_size_one(int forward, const roicore_roi_align_rules *rules,
                                              int aligned) {
+    if (rules->sampler == ROICORE_SAMPLER_MODEL_GARDEN) return 0;  /* boxes as they are */
     return !aligned || (!forward && rules->backward_min_size_always);
 }
 
@@ -28,7 +29,9 @@ int roicore_align_check_grids(int forward, const roicore_roi_align_rules *rules,
                               int64_t sampling_ratio, int aligned, int64_t PH, int64_t PW,
                               const int64_t *rows, roicore_error *err);
 
-/* sampling_ratio within the limit and aligned 0 or 1. */
-int roicore_check_align_args(int64_t sampling_ratio, int aligned, roicore_error *err);
+/* sampling_ratio within the limit and aligned 0 or 1 (1 and 0 with the Model Garden's
+ * sampler). */
+int roicore_check_align_args(const roicore_roi_align_rules *rules, int64_t sampling_ratio,
+                             int aligned, roicore_error *err);
 
 #endif

@@ -61,9 +61,9 @@ static int TYPED(align_tables)(ALIGN_OP *op, const roicore_boxes *boxes, double 
     int64_t ny = 0, nx = 0, max_grid = 1;
     for (int64_t k = 0; k < K; ++k) {
         TYPED(align_axis)(c[4 * k + 1], c[4 * k + 3], s, offset, PH, sampling_ratio, min_size_one,
-                          &op->ystart[k], &op->ybin[k], &op->ygrid[k]);
+                          op->sampler, &op->ystart[k], &op->ybin[k], &op->ygrid[k]);
         TYPED(align_axis)(c[4 * k + 0], c[4 * k + 2], s, offset, PW, sampling_ratio, min_size_one,
-                          &op->xstart[k], &op->xbin[k], &op->xgrid[k]);
+                          op->sampler, &op->xstart[k], &op->xbin[k], &op->xgrid[k]);
         const int64_t gy = op->ygrid[k], gx = op->xgrid[k];
         op->yoff[k] = ny;
         op->xoff[k] = nx;
@@ -91,10 +91,10 @@ static int TYPED(align_tables)(ALIGN_OP *op, const roicore_boxes *boxes, double 
 #pragma omp parallel for num_threads(K >= 8192 ? n_threads : 1) schedule(static)
         for (int64_t k = 0; k < K; ++k) {
             for (int64_t p = 0; p < PH && op->ygrid[k] > 0; ++p)
-                TYPED(bin_samples)(op->ystart[k], op->ybin[k], op->ygrid[k], p, op->H, op->sampler,
+                TYPED(bin_samples)(op->ystart[k], op->ybin[k], op->ygrid[k], p, op->PH, op->H, op->sampler,
                                    TYPED(samples_at)(op->y, op->yoff[k] + p * op->ygrid[k]));
             for (int64_t p = 0; p < PW && op->xgrid[k] > 0; ++p)
-                TYPED(bin_samples)(op->xstart[k], op->xbin[k], op->xgrid[k], p, op->W, op->sampler,
+                TYPED(bin_samples)(op->xstart[k], op->xbin[k], op->xgrid[k], p, op->PW, op->W, op->sampler,
                                    TYPED(samples_at)(op->x, op->xoff[k] + p * op->xgrid[k]));
         }
         if (K < 8192) {  /* the rectangle each image's samples read (index -1: none) */
@@ -146,9 +146,9 @@ static SAMPLES TYPED(piece)(const ALIGN_OP *op, int64_t k, int64_t p, int column
     char *mine = op->pieces + omp_get_thread_num() * op->piece_bytes;
     SAMPLES s = TYPED(carve)(column ? mine + TYPED(samples_bytes)(op->max_grid) : mine, op->max_grid);
     if (column)
-        TYPED(bin_samples)(op->xstart[k], op->xbin[k], op->xgrid[k], p, op->W, op->sampler, s);
+        TYPED(bin_samples)(op->xstart[k], op->xbin[k], op->xgrid[k], p, op->PW, op->W, op->sampler, s);
     else
-        TYPED(bin_samples)(op->ystart[k], op->ybin[k], op->ygrid[k], p, op->H, op->sampler, s);
+        TYPED(bin_samples)(op->ystart[k], op->ybin[k], op->ygrid[k], p, op->PH, op->H, op->sampler, s);
     return s;
 }
 
@@ -325,6 +325,33 @@ ROICORE_INLINE void TYPED(align_bin_grad_lanes)(T *img, int64_t W, int64_t lanes
         TYPED(align_bin_grad)(img, W, lanes, q0, 1, y, gy, x, gx, g, count, pow2, inv);
 }
 
+/* The Model Garden's adjoint of box k's whole bin rows [p0, p1) (one sample per bin, so g *
+ * w): TensorFlow's gather gradient adds the gathered pixels in the order it gathered them,
+ * per bin row its low neighbour row across every bin (each bin's low, then high column),
+ * then its high neighbour row. */
+static void TYPED(garden_grad_rows)(const ALIGN_OP *op, BWD_TASK *t) {
+    const int64_t k = t->k, lanes = t->lanes, PW = op->PW, W = op->W;
+    const SAMPLES ybox = TYPED(box_samples)(op->y, op->yoff, k);
+    const SAMPLES xbox = TYPED(box_samples)(op->x, op->xoff, k);
+    for (int64_t ph = t->p0 / PW; ph < t->p1 / PW; ++ph) {
+        if (roicore_stopping(t->run)) return;
+        const SAMPLES ys = TYPED(axis_samples)(op, ybox, k, ph, 1, 0);
+        for (int r = 0; r < 2; ++r) {
+            const int64_t row = r ? ys.hi[0] : ys.lo[0];
+            const T wy = r ? ys.hw[0] : ys.lw[0];
+            for (int64_t pw = 0; pw < PW; ++pw) {
+                const SAMPLES xs = TYPED(axis_samples)(op, xbox, k, pw, 1, 1);
+                const T *g = t->g + (ph * PW + pw - t->p0) * lanes;
+                for (int c = 0; c < 2; ++c) {
+                    const T w = wy * (c ? xs.hw[0] : xs.lw[0]);
+                    T *dst = t->img + (row * W + (c ? xs.hi[0] : xs.lo[0])) * lanes;
+                    for (int64_t i = 0; i < lanes; ++i) dst[i] = dst[i] + g[i] * w;
+                }
+            }
+        }
+    }
+}
+
 /* The backward's task: box k's bins [p0, p1) added into one block's accumulator, in (ph,
  * pw, iy, ix) order. */
 ROICORE_CLONES static void TYPED(align_grad_task)(const void *opv, BWD_TASK *t) {
@@ -333,6 +360,10 @@ ROICORE_CLONES static void TYPED(align_grad_task)(const void *opv, BWD_TASK *t) 
     const int64_t k = t->k, p0 = t->p0, p1 = t->p1, lanes = t->lanes, PW = op->PW, W = op->W;
     const int64_t gy = op->ygrid[k], gx = op->xgrid[k];
     if (gy <= 0 || gx <= 0) return;
+    if (op->sampler == ROICORE_SAMPLER_MODEL_GARDEN) {
+        TYPED(garden_grad_rows)(op, t);
+        return;
+    }
     const int heavy = gy * gx >= ROICORE_HEAVY_BIN;
     T *img = t->img;
     const T *grad = t->g;
@@ -376,10 +407,11 @@ static int TYPED(align_check_grids)(const roicore_boxes *boxes, double scale,
         if (boxes->masked && boxes->batch[k] < 0) continue;
         T start, bin;
         int64_t gy, gx;
+        /* the grid is the same whatever the sampler */
         TYPED(align_axis)(c[4 * k + 1], c[4 * k + 3], s, offset, PH, sampling_ratio,
-                          min_size_one, &start, &bin, &gy);
+                          min_size_one, ROICORE_SAMPLER_CAFFE2, &start, &bin, &gy);
         TYPED(align_axis)(c[4 * k + 0], c[4 * k + 2], s, offset, PW, sampling_ratio,
-                          min_size_one, &start, &bin, &gx);
+                          min_size_one, ROICORE_SAMPLER_CAFFE2, &start, &bin, &gx);
         const int rc = roicore_check_grid(rows ? rows[k] : k, gy, gx, err);
         if (rc) return rc;
     }
@@ -401,7 +433,10 @@ static int TYPED(align_run)(int forward, const roicore_roi_align_rules *rules,
     op.W = map->w;
     op.PH = pooled->h;
     op.PW = pooled->w;
-    op.sampler = forward ? (int)rules->sampler : ROICORE_SAMPLER_CAFFE2;
+    /* every framework's RoIAlign backward uses the Caffe2 samples; the Model Garden's is the
+       adjoint of its own */
+    op.sampler = forward || rules->sampler == ROICORE_SAMPLER_MODEL_GARDEN ? (int)rules->sampler
+                                                                           : ROICORE_SAMPLER_CAFFE2;
     op.sum = rules->reduction == ROICORE_REDUCTION_SUM;
     op.empty_nan = rules->empty_grid == ROICORE_EMPTY_GRID_NAN && !op.sum;
     op.divide = op.sampler == ROICORE_SAMPLER_CAFFE2;
@@ -417,7 +452,7 @@ static int TYPED(align_run)(int forward, const roicore_roi_align_rules *rules,
             rc = ROICORE_CAT(roicore_blocked_forward, SFX)(&job, run, err);
         } else {
             const BWD_JOB job = {pooled, map, boxes->batch, &op, TYPED(align_grad_task),
-                                 boxes->k, rows};
+                                 boxes->k, rows, op.sampler == ROICORE_SAMPLER_MODEL_GARDEN};
             rc = ROICORE_CAT(roicore_blocked_backward, SFX)(&job, run, err);
         }
     }

@@ -201,7 +201,11 @@ typedef enum {
     ROICORE_ARGMAX_GLOBAL = 1  /* "global": flat index into the whole input */
 } roicore_argmax_encoding;
 
-typedef enum { ROICORE_SAMPLER_CAFFE2 = 0, ROICORE_SAMPLER_PADDLE = 1 } roicore_sampler;
+typedef enum {
+    ROICORE_SAMPLER_CAFFE2 = 0,
+    ROICORE_SAMPLER_PADDLE = 1,
+    ROICORE_SAMPLER_MODEL_GARDEN = 2  /* the TF Model Garden's: sampling_ratio 1, unaligned */
+} roicore_sampler;
 typedef enum {
     ROICORE_PS_ROI_POOL_FORMULA_RFCN = 0,        /* "rfcn" */
     ROICORE_PS_ROI_POOL_FORMULA_TORCHVISION = 1  /* "torchvision" */
@@ -264,6 +268,10 @@ typedef enum {
     ROICORE_LEVEL_INVALID_SKIP = 2   /* "skip": area <= 0 is not pooled (OpenVINO) */
 } roicore_level_invalid;
 typedef enum {
+    ROICORE_LEVEL_FORMULA_LOG2 = 0,         /* "log2": the formula below */
+    ROICORE_LEVEL_FORMULA_MODEL_GARDEN = 1  /* "model_garden": the TF Model Garden's */
+} roicore_level_formula;
+typedef enum {
     ROICORE_LEVEL_ONE_MAP_ALL = 0,  /* "all": a lone map pools every box (no level rule) */
     ROICORE_LEVEL_ONE_MAP_RULE = 1  /* "rule": the rule still decides which boxes are pooled */
 } roicore_level_one_map;
@@ -274,14 +282,18 @@ typedef enum {
  * floor((k0 + log2(s / s0)) + eps), clamped to the pyramid's levels; a box whose level is
  * NaN (or skipped by `invalid`) is not pooled and gives 0.  With one map, one_map ALL pools
  * every box from it (torchvision, detectron2, mmdet, PaddleDetection call RoIAlign on a
- * lone map directly); RULE applies the rule all the same (GluonCV, OpenVINO). */
+ * lone map directly); RULE applies the rule all the same (GluonCV, OpenVINO).
+ * formula MODEL_GARDEN is floor(ln(s / s0) / ln 2) + k0 with w, h, s and the logarithms in
+ * float32, no epsilon, and a level that is not finite (a reversed box) the first; it reads
+ * no other field. */
 typedef struct {
     int32_t pixel_offset;
     roicore_level_epsilon epsilon;
     int32_t epsilon_inside;
     roicore_level_invalid invalid;
     roicore_level_one_map one_map;  /* default ALL */
-    int32_t reserved[11];
+    roicore_level_formula formula;  /* default LOG2 */
+    int32_t reserved[10];
 } roicore_level_rules;
 
 /* A feature pyramid: n_levels maps, map i of level first_level + i pooled at
@@ -312,7 +324,7 @@ typedef struct {
 #define ROICORE_ROI_ALIGN_RULES_REQUIRED 4
 #define ROICORE_PS_ROI_ALIGN_RULES_FIELDS 1
 #define ROICORE_PS_ROI_ALIGN_RULES_REQUIRED 1
-#define ROICORE_LEVEL_RULES_FIELDS 5
+#define ROICORE_LEVEL_RULES_FIELDS 6
 #define ROICORE_LEVEL_RULES_REQUIRED 4
 
 roicore_status roicore_max_pool_rules_from_array(const int64_t *fields, int64_t n,
@@ -466,15 +478,19 @@ roicore_status roicore_ps_roi_pool_backward(const roicore_ps_roi_pool_rules *rul
                                             const roicore_out_tensor *grad_input,
                                             const roicore_exec *exec, roicore_error *err);
 
-/* RoIAlign.  sampling_ratio <= 0: ceil(bin size) samples per bin and axis. */
+/* RoIAlign.  sampling_ratio <= 0: ceil(bin size) samples per bin and axis.  The Model
+ * Garden's sampler takes one sample per bin, at y1 + ((ph + 0.5) * (y2 - y1)) / PH (in
+ * feature pixels), its neighbours clamped into the map and its weights not, so samples
+ * outside extrapolate; it needs sampling_ratio 1 and aligned 0. */
 roicore_status roicore_roi_align_forward(const roicore_roi_align_rules *rules,
                                          const roicore_tensor *x, const roicore_boxes *boxes,
                                          double spatial_scale, int64_t sampling_ratio,
                                          int aligned, const roicore_out_tensor *out,
                                          const roicore_exec *exec, roicore_error *err);
 
-/* Its gradient (the Caffe2 backward of every framework).  Writes every element of
- * grad_input. */
+/* Its gradient (the Caffe2 backward of every framework; the Model Garden's sampler adds each
+ * box's bin rows neighbour row by neighbour row, as TensorFlow's gather gradient does).
+ * Writes every element of grad_input. */
 roicore_status roicore_roi_align_backward(const roicore_roi_align_rules *rules,
                                           const roicore_tensor *grad_output,
                                           const roicore_boxes *boxes, double spatial_scale,

@@ -97,7 +97,8 @@ AT(roicore_level_rules, epsilon, 4);
 AT(roicore_level_rules, epsilon_inside, 8);
 AT(roicore_level_rules, invalid, 12);
 AT(roicore_level_rules, one_map, 16);
-AT(roicore_level_rules, reserved, 20);
+AT(roicore_level_rules, formula, 20);
+AT(roicore_level_rules, reserved, 24);
 
 SIZE(roicore_pyramid, 72);
 AT(roicore_pyramid, n_levels, 0);
@@ -139,6 +140,7 @@ VALUE(ROICORE_ARGMAX_PLANE, 0);
 VALUE(ROICORE_ARGMAX_GLOBAL, 1);
 VALUE(ROICORE_SAMPLER_CAFFE2, 0);
 VALUE(ROICORE_SAMPLER_PADDLE, 1);
+VALUE(ROICORE_SAMPLER_MODEL_GARDEN, 2);
 VALUE(ROICORE_PS_ROI_POOL_FORMULA_RFCN, 0);
 VALUE(ROICORE_PS_ROI_POOL_FORMULA_TORCHVISION, 1);
 VALUE(ROICORE_EMPTY_GRID_ZERO, 0);
@@ -152,6 +154,8 @@ VALUE(ROICORE_LEVEL_INVALID_ZERO, 1);
 VALUE(ROICORE_LEVEL_INVALID_SKIP, 2);
 VALUE(ROICORE_LEVEL_ONE_MAP_ALL, 0);
 VALUE(ROICORE_LEVEL_ONE_MAP_RULE, 1);
+VALUE(ROICORE_LEVEL_FORMULA_LOG2, 0);
+VALUE(ROICORE_LEVEL_FORMULA_MODEL_GARDEN, 1);
 /* fields a stored rules array may hold, and those it must hold (older arrays stay valid) */
 VALUE(ROICORE_MAX_POOL_RULES_REQUIRED, 6);
 VALUE(ROICORE_BILINEAR_POOL_RULES_REQUIRED, 1);

@@ -1088,6 +1088,10 @@ static void pyramid_levels_rules(void) {
     static const int64_t want_one_skip[K] = {0, 0, 0, 0, -1, 0, -1, 0, 0, 0, 0, -1};
     /* one map with one_map RULE (GluonCV): the rule still drops the NaN level */
     static const int64_t want_one_rule[K] = {0, 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, -1};
+    /* the Model Garden's: no epsilon (the box 7e-7 short of level 4 stays below), and a NaN
+       or -inf level the first map */
+    static const int64_t want_garden[K] = {2, 1, 0, 3, 0, 2, 0, 3, 2, 1, 1, -1};
+    const roicore_level_rules garden = {.formula = ROICORE_LEVEL_FORMULA_MODEL_GARDEN};
     const roicore_level_rules by_rule = {.one_map = ROICORE_LEVEL_ONE_MAP_RULE};
     const roicore_level_rules offset = {.pixel_offset = 1, .invalid = ROICORE_LEVEL_INVALID_NAN};
     const roicore_level_rules inside = {.epsilon = ROICORE_LEVEL_EPSILON_1E8, .epsilon_inside = 1};
@@ -1107,7 +1111,8 @@ static void pyramid_levels_rules(void) {
                  {&ZERO_LEVELS, &one, want_one, "one map, zero"},
                  {&SKIP_LEVELS, &one, want_one_skip, "one map, skip"},
                  {&by_rule, &one, want_one_rule, "one map by the rule, nan"},
-                 {&by_rule, &four, want_nan, "one_map RULE, four maps"}};
+                 {&by_rule, &four, want_nan, "one_map RULE, four maps"},
+                 {&garden, &four, want_garden, "model garden"}};
     int64_t batch[K] = {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, -1};
     for (int d = 0; d < 2; ++d) {
         array c = coords_of(DTYPES[d], rows, K);
@@ -1385,6 +1390,34 @@ static void pyramid_backward(void) {
               err.message, text);                                                           \
     } while (0)
 
+/* The Model Garden's sampler on v = 4y + x: outside the map the weights extrapolate
+ * linearly (samples at -1 and 1 of a box from -2 to 2); beyond the last pixel both
+ * neighbours clamp to it (samples at 0.5 and 3.5 of a box from -1 to 5) */
+static void model_garden_sampler(void) {
+    const int64_t batch[] = {0, 0};
+    roicore_error err;
+    static const double gboxes[] = {-2, -2, 2, 2, -1, -1, 5, 5};
+    static const double gwant[] = {-5, -3, 3, 5, 2.5, 5, 12.5, 15};
+    const roicore_roi_align_rules garden = {.sampler = ROICORE_SAMPLER_MODEL_GARDEN};
+    for (int d = 0; d < 2; ++d) {
+        array gx = arange(DTYPES[d], 16, 0, 1), gc = coords_of(DTYPES[d], gboxes, 2);
+        array gout = new_array(DTYPES[d], 8);
+        roicore_tensor gtx = tensor(gx, 1, 1, 4, 4);
+        roicore_out_tensor gto = out_tensor(gout, 2, 1, 2, 2);
+        roicore_boxes gb = boxes_of(gc, batch, 2);
+        CHECK(roicore_roi_align_forward(&garden, &gtx, &gb, 1.0, 1, 0, &gto, &one_thread, &err)
+                  == ROICORE_OK, "%s", err.message);
+        double ggot[8];
+        to_doubles(gout, ggot);
+        check_values("model garden roi_align", ggot, gwant, 8, 0);
+        EXPECT_SAYS(roicore_roi_align_forward(&garden, &gtx, &gb, 1.0, 2, 0, &gto, &one_thread,
+                                              &err), ROICORE_ERR_ARGUMENT, "sampling_ratio must be 1");
+        EXPECT_SAYS(roicore_roi_align_forward(&garden, &gtx, &gb, 1.0, 1, 1, &gto, &one_thread,
+                                              &err), ROICORE_ERR_ARGUMENT, "Model Garden");
+        free(gx.data); free(gc.data); free(gout.data);
+    }
+}
+
 /* Every argument of the pyramid's functions checked, with a message naming it, before any
  * output is written. */
 static void pyramid_bad_input(void) {
@@ -1482,7 +1515,10 @@ static void pyramid_bad_input(void) {
     lr.one_map = (roicore_level_one_map)2;
     EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "LevelRules.one_map");
     lr = TORCHVISION_LEVELS;
-    lr.reserved[10] = 1;
+    lr.formula = (roicore_level_formula)2;
+    EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "LevelRules.formula");
+    lr = TORCHVISION_LEVELS;
+    lr.reserved[9] = 1;
     EXPECT_SAYS(FWD(ar, &lr, &p, maps), ROICORE_ERR_ARGUMENT, "reserved");
     EXPECT_SAYS(BWD(ar, &lr, &p, gmaps), ROICORE_ERR_ARGUMENT, "reserved");
     EXPECT_SAYS(LEVELS(&lr, &p), ROICORE_ERR_ARGUMENT, "reserved");
@@ -1600,21 +1636,26 @@ static void pyramid_bad_input(void) {
 #undef FWD
 #undef BWD
 #undef LEVELS
-    /* rules from arrays: the four required fields (one_map defaults to ALL), all five, too
-       many (a newer roicore's), too few, bad codes */
-    const int64_t fields[] = {1, 1, 1, 2, 1, 0};
+    /* rules from arrays: the four required fields (one_map and formula default to ALL and
+       LOG2), five, all six, too many (a newer roicore's), too few, bad codes */
+    const int64_t fields[] = {1, 1, 1, 2, 1, 1, 0};
     roicore_level_rules from;
     memset(&from, 0x5a, sizeof from);
     CHECK(roicore_level_rules_from_array(fields, 4, &from, &err) == ROICORE_OK &&
               from.pixel_offset == 1 && from.epsilon == ROICORE_LEVEL_EPSILON_1E8 &&
               from.epsilon_inside == 1 && from.invalid == ROICORE_LEVEL_INVALID_SKIP &&
-              from.one_map == ROICORE_LEVEL_ONE_MAP_ALL && from.reserved[0] == 0 &&
-              from.reserved[10] == 0,
+              from.one_map == ROICORE_LEVEL_ONE_MAP_ALL &&
+              from.formula == ROICORE_LEVEL_FORMULA_LOG2 && from.reserved[0] == 0 &&
+              from.reserved[9] == 0,
           "a 4-field LevelRules array: %s", err.message);
     CHECK(roicore_level_rules_from_array(fields, 5, &from, &err) == ROICORE_OK &&
-              from.one_map == ROICORE_LEVEL_ONE_MAP_RULE,
+              from.one_map == ROICORE_LEVEL_ONE_MAP_RULE &&
+              from.formula == ROICORE_LEVEL_FORMULA_LOG2,
           "a 5-field LevelRules array: %s", err.message);
-    EXPECT_SAYS(roicore_level_rules_from_array(fields, 6, &from, &err), ROICORE_ERR_ARGUMENT, "newer roicore");
+    CHECK(roicore_level_rules_from_array(fields, 6, &from, &err) == ROICORE_OK &&
+              from.formula == ROICORE_LEVEL_FORMULA_MODEL_GARDEN,
+          "a 6-field LevelRules array: %s", err.message);
+    EXPECT_SAYS(roicore_level_rules_from_array(fields, 7, &from, &err), ROICORE_ERR_ARGUMENT, "newer roicore");
     EXPECT_SAYS(roicore_level_rules_from_array(fields, 3, &from, &err), ROICORE_ERR_ARGUMENT, "LevelRules");
     EXPECT(roicore_level_rules_from_array(NULL, 4, &from, &err), ROICORE_ERR_ARGUMENT);
     EXPECT(roicore_level_rules_from_array(fields, 4, NULL, &err), ROICORE_ERR_ARGUMENT);
@@ -1799,6 +1840,7 @@ int main(void) {
     mxnet_psroi();
     torchvision_ps();
     roi_align_vectors();
+    model_garden_sampler();
     thread_invariance();
     nhwc_layouts(70);
     nhwc_layouts(64);

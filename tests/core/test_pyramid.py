@@ -233,7 +233,7 @@ def test_level_rules_round_trip_through_their_codes():
         codes = _binding.rules_codes(rules)
         assert _binding.rules_from_codes("LevelRules", codes) == codes
     with pytest.raises(ValueError, match="newer roicore"):
-        _binding.rules_from_codes("LevelRules", (0, 0, 0, 0, 0, 0))
+        _binding.rules_from_codes("LevelRules", (0, 0, 0, 0, 0, 0, 0))
     odd = dataclasses.replace(LEVELS["torchvision"], invalid="never")
     with pytest.raises(ValueError, match="invalid"):
         _binding.rules_codes(odd)
