@@ -105,7 +105,8 @@ except ImportError:  # pragma: no cover - older/newer TF layouts
     _in_xla = None
 
 __all__ = ["roi_pool", "crop_and_resize", "psroi_pool", "roi_align", "RoIPool", "PSRoIPool",
-           "RoIAlign", "CONVENTIONS", "native_ops", "NativeOpsWarning"]
+           "RoIAlign", "multilevel_crop_and_resize", "CONVENTIONS", "native_ops",
+           "NativeOpsWarning"]
 
 # The roicore convention each op reproduces (see the module docstring).
 _MAX_RULES = dataclasses.replace(conventions.MAX_POOL["mxnet"], argmax="plane")
@@ -115,6 +116,7 @@ CONVENTIONS = {
     "roi_pool/nearest": conventions.BILINEAR_POOL["tensorflow"],
     "psroi_pool": conventions.PSROI_POOL["mxnet"],
     "roi_align": conventions.ROI_ALIGN["mxnet"],
+    "multilevel_crop_and_resize": conventions.MODEL_GARDEN_ALIGN,
 }
 # TensorFlow's names of roicore.core's arguments, for messages
 NAMES = {"x": "images", "batch_indices": "box_indices"}
@@ -663,9 +665,15 @@ def roi_align(images, boxes, box_indices, output_size, spatial_scale=1.0, sampli
     Returns:
       The pooled tensor.  Gradients flow to ``images`` only.
     """
-    out_hw = _size(output_size, "output_size")
+    return _roi_align("roi_align", images, boxes, box_indices, _size(output_size, "output_size"),
+                      spatial_scale, sampling_ratio, aligned, data_format, name, n_threads)
+
+
+def _roi_align(op, images, boxes, box_indices, out_hw, spatial_scale, sampling_ratio, aligned,
+               data_format, name, n_threads):
+    """RoIAlign with the convention CONVENTIONS[op] (the Model Garden's pooler runs on it)."""
     core.effective_n_threads(n_threads)
-    rules = CONVENTIONS["roi_align"]
+    rules = CONVENTIONS[op]
 
     def forward(x, b, i, argmax):
         xyxy, i = _tf_numpy.xyxy(b, i, x.shape[0])
@@ -682,8 +690,8 @@ def roi_align(images, boxes, box_indices, output_size, spatial_scale=1.0, sampli
         pooled_height=out_hw[0], pooled_width=out_hw[1],
         spatial_scale=_float_attr(spatial_scale, "spatial_scale"),
         sampling_ratio=args.sampling_ratio(sampling_ratio),
-        aligned=args.flag(aligned, "aligned"), rules=_rules("roi_align")))
-    return _apply("roi_align", name, images, boxes, box_indices, data_format, n_threads,
+        aligned=args.flag(aligned, "aligned"), rules=_rules(op)))
+    return _apply(op, name, images, boxes, box_indices, data_format, n_threads,
                   out_hw, _same_channels, native, forward=forward, backward=backward)
 
 
@@ -836,3 +844,6 @@ class RoIAlign(_RoILayer):
         self.spatial_scale = float(spatial_scale)
         self.sampling_ratio = sampling_ratio
         self.aligned = aligned
+
+
+from ._tf_pyramid import multilevel_crop_and_resize  # noqa: E402  (it builds on this module)

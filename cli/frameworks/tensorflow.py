@@ -16,6 +16,59 @@ from roicore.core import operators
 from . import F32, Call, Unsupported
 from . import Harness as Base
 
+def model_garden_multilevel_crop_and_resize(tf, features, boxes, output_size):
+    """The TF Model Garden's ``multilevel_crop_and_resize`` (official/vision/ops/
+    spatial_transform_ops.py, sample_offset 0.5) on TensorFlow's ops, step for step as
+    published, the oracle of ``roicore.adapters.tf.multilevel_crop_and_resize``: each box's
+    level from its size, then per box and axis the two neighbours of one sample per bin
+    gathered from every level flattened into one tensor, weighted (times 4) and averaged
+    over 2 x 2 windows.  The Model Garden is not installable here; this is its algorithm."""
+    P = output_size
+    lo, hi = int(min(features)), int(max(features))
+    maps = [features[str(level)] for level in range(lo, hi + 1)]
+    B, H0, W0, C = (tf.shape(maps[0])[i] for i in range(4))
+    n = tf.shape(boxes)[1]
+    sizes = [(m.shape[1], m.shape[2]) for m in maps]
+    offsets = np.cumsum([0] + [h * w for h, w in sizes])
+    stacked = tf.reshape(tf.concat([tf.reshape(m, [B, -1, C]) for m in maps], 1), [-1, C])
+    width = boxes[:, :, 3] - boxes[:, :, 1]
+    height = boxes[:, :, 2] - boxes[:, :, 0]
+    root = tf.sqrt(tf.cast(height, tf.float32) * tf.cast(width, tf.float32))
+    level = tf.cast(tf.math.floordiv(tf.math.log(tf.math.divide_no_nan(root, 224.0)),
+                                     tf.math.log(2.0)) + 4.0, tf.int32)
+    level = tf.minimum(hi, tf.maximum(level, lo))
+    scale = tf.cast(tf.pow(tf.constant(2.0), tf.cast(level, tf.float32)), boxes.dtype)
+    y1, x1 = boxes[:, :, 0] / scale, boxes[:, :, 1] / scale
+    height, width = height / scale, width / scale
+    level = level - lo
+    stride = tf.pow([[2.0]], tf.cast(level, tf.float32))
+    bound_y = tf.cast(tf.cast(H0, tf.float32) / stride - 1, boxes.dtype)
+    bound_x = tf.cast(tf.cast(W0, tf.float32) / stride - 1, boxes.dtype)
+
+    def axis(start, extent, bound):
+        grid = tf.stack([start + (i + 0.5) * extent / P for i in range(P)], 2)
+        low = tf.minimum(tf.maximum(tf.cast(0., grid.dtype), tf.floor(grid)), bound[..., None])
+        high = tf.minimum(low + 1, bound[..., None])
+        frac = grid - low
+        return tf.stack([low, high], -1), tf.stack([1.0 - frac, frac], 3)
+
+    ys, ky = axis(y1, height, bound_y)
+    xs, kx = axis(x1, width, bound_x)
+    ys = tf.cast(tf.reshape(ys, [B, n, 2 * P]), tf.int32)
+    xs = tf.cast(tf.reshape(xs, [B, n, 2 * P]), tf.int32)
+    row_width = tf.gather(tf.constant([w for _, w in sizes], tf.int32), level)
+    index = (tf.reshape(tf.range(B) * int(offsets[-1]), [B, 1, 1, 1])
+             + tf.reshape(tf.gather(tf.constant(offsets[:-1], tf.int32), level), [B, n, 1, 1])
+             + tf.reshape(ys * row_width[..., None], [B, n, 2 * P, 1])
+             + tf.reshape(xs, [B, n, 1, 2 * P]))
+    gathered = tf.gather(stacked, tf.reshape(index, [-1]))
+    gathered = tf.reshape(gathered, [B * n, 2 * P, 2 * P, C])
+    kernel = tf.reshape(ky, [B * n, 2 * P, 1]) * tf.reshape(kx, [B * n, 1, 2 * P]) * 4
+    pooled = tf.nn.avg_pool(gathered * tf.cast(kernel[..., None], gathered.dtype),
+                            [1, 2, 2, 1], [1, 2, 2, 1], "VALID")
+    return tf.reshape(pooled, [B, n, P, P, C])
+
+
 # Largest crop tensor the RoI max pooling stand-in may build (bytes).
 CROP_LIMIT = float(os.environ.get("ROICORE_BENCH_TF_CROP_LIMIT_GB", "1")) * 2**30
 
