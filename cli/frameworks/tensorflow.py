@@ -1,4 +1,6 @@
-"""TensorFlow: ``tf.image.crop_and_resize`` against ``roicore.adapters.tf``.
+"""TensorFlow: ``tf.image.crop_and_resize`` against ``roicore.adapters.tf``, and the TF Model
+Garden's ``multilevel_crop_and_resize`` (its algorithm on TensorFlow's ops, below) against
+the adapter's.
 
 TensorFlow has no RoI operator of its own.  Bilinear and nearest RoI pooling are
 ``crop_and_resize`` itself; for RoI max pooling the bench times the usual stand-in, ``crop_and_resize`` to
@@ -13,7 +15,7 @@ import numpy as np
 
 from roicore.core import operators
 
-from . import F32, Call, Unsupported
+from . import F32, F64, Call, Unsupported
 from . import Harness as Base
 
 def model_garden_multilevel_crop_and_resize(tf, features, boxes, output_size):
@@ -69,6 +71,27 @@ def model_garden_multilevel_crop_and_resize(tf, features, boxes, output_size):
     return tf.reshape(pooled, [B, n, P, P, C])
 
 
+# the pyramid operator (cases.PYRAMID_OPS) of the adapter: multilevel_crop_and_resize
+PYRAMID = "multi_scale_roi_align"
+
+
+def _model_garden_case(case):
+    """A pyramid case as the Model Garden takes it: maps that halve exactly (its bounds come
+    from the first level's size), one sample per bin (its sampler has no sampling ratio),
+    unaligned, and a square output."""
+    H, W = case["x"][0].shape[2:]
+    for i, m in enumerate(case["x"]):
+        if m.shape[2] * 2 ** i != H or m.shape[3] * 2 ** i != W:
+            raise Unsupported("the Model Garden's maps halve exactly (images padded to a "
+                              "multiple of the coarsest stride); this case's do not")
+    if case["aligned"] or case["output_size"][0] != case["output_size"][1]:
+        raise Unsupported("the Model Garden pools unaligned boxes to a square output")
+    note = None if case["sampling_ratio"] == 1 else (
+        f"sampling_ratio {case['sampling_ratio']} read as 1: the Model Garden's sampler takes "
+        "one sample per bin")
+    return dict(case, sampling_ratio=1), note
+
+
 # Largest crop tensor the RoI max pooling stand-in may build (bytes).
 CROP_LIMIT = float(os.environ.get("ROICORE_BENCH_TF_CROP_LIMIT_GB", "1")) * 2**30
 
@@ -77,12 +100,13 @@ class Harness(Base):
     name = "tensorflow"
     requires = ("tensorflow",)
     install = 'pip install "roicore[tf]"'
-    parity_claims = {"roi_pool_bilinear": (F32,), "roi_pool_nearest": (F32,)}
+    parity_claims = {"roi_pool_bilinear": (F32,), "roi_pool_nearest": (F32,),
+                     PYRAMID: (F32, F64)}
     layouts = ("NCHW", "NHWC")
     native_text = ("roi_pool_bilinear, roi_pool_nearest: crop_and_resize; roi_pool: its usual "
                    "approximation, crop_and_resize to 2P x 2P + 2x2 max-pool (all NHWC)")
-    parity_text = ("tf.image.crop_and_resize (bilinear, nearest) vs roicore.adapters.tf "
-                   "roi_pool(method='bilinear', 'nearest')")
+    parity_text = ("tf.image.crop_and_resize (bilinear, nearest) / the Model Garden's "
+                   "multilevel_crop_and_resize vs roicore.adapters.tf")
     training_modes = ("eager", "tf.function", "SavedModel")
 
     def __init__(self, threads=None):
@@ -97,7 +121,40 @@ class Harness(Base):
         self.tf, self.adapter = tf, adapter
         self.version = tf.__version__
 
+    def restrict(self, case):
+        return _model_garden_case(case) if case["op"] == PYRAMID else (case, None)
+
+    def _pyramid_inputs(self, case, dtype, dy):
+        """The Model Garden's inputs: NHWC maps keyed by level, each image's boxes in a
+        [batch, num_boxes, 4] tensor of [y1, x1, y2, x2] (images with fewer boxes padded
+        with empty ones, whose upstream gradient is 0), and dy in that layout."""
+        tf, rois = self.tf, case["rois"]
+        first = int(round(-np.log2(case["spatial_scales"][0])))
+        maps = {str(first + i): tf.constant(m.transpose(0, 2, 3, 1).astype(dtype))
+                for i, m in enumerate(case["x"])}
+        B = case["x"][0].shape[0]
+        rows = [np.flatnonzero(rois[:, 0] == b) for b in range(B)]
+        n = max(len(r) for r in rows)
+        boxes = np.zeros((B, n, 4))
+        g = np.zeros((B, n) + dy.shape[2:] + dy.shape[1:2])
+        for b, r in enumerate(rows):
+            boxes[b, :len(r)] = rois[r][:, [2, 1, 4, 3]]
+            g[b, :len(r)] = dy[r].transpose(0, 2, 3, 1)
+        return dict(x=maps, boxes=tf.constant(boxes.astype(dtype)), dtype=dtype,
+                    dy=tf.constant(g.astype(dtype)))
+
+    def _pyramid(self, case, inputs, native):
+        boxes, size = inputs["boxes"], case["output_size"][0]
+        if native:
+            fn = lambda xs: model_garden_multilevel_crop_and_resize(self.tf, xs, boxes, size)  # noqa: E731
+        else:
+            fn = lambda xs: self.adapter.multilevel_crop_and_resize(  # noqa: E731
+                xs, boxes, size, n_threads=self.threads)
+        return Call(fn, inputs["x"], inputs["dy"])
+
     def inputs(self, case, dtype, dy):
+        if case["op"] == PYRAMID:
+            return self._pyramid_inputs(case, dtype, dy)
         tf = self.tf
         x = case["x"].astype(dtype)
         # the tensors of each layout are made when a call first needs them
@@ -119,6 +176,8 @@ class Harness(Base):
                     layout)
 
     def native(self, case, inputs):
+        if case["op"] == PYRAMID:
+            return self._pyramid(case, inputs, native=True)
         tf, v, size = self.tf, operators.variant(case["op"]), list(case["output_size"])
         boxes, bi = inputs["boxes"], inputs["box_indices"]
         if inputs["dtype"] != F32:
@@ -151,6 +210,8 @@ class Harness(Base):
         return self._call(stand_in, inputs, "NHWC")
 
     def roicore(self, case, inputs, layout="NCHW"):
+        if case["op"] == PYRAMID:
+            return self._pyramid(case, inputs, native=False)
         v = operators.variant(case["op"])
         fn = getattr(self.adapter, v.operator.name, None)
         if fn is None:
@@ -209,6 +270,10 @@ class Harness(Base):
         return Call(null, call.x, call.dy, call.layout)
 
     def to_numpy(self, t, layout="NCHW"):
+        if isinstance(t, dict):   # a pyramid's gradients, level after level, flattened
+            return np.concatenate([t[k].numpy().ravel() for k in sorted(t, key=int)])
+        if t is not None and t.shape.rank == 5:   # the Model Garden's [B, N, P, P, C]
+            return t.numpy()
         return super().to_numpy(None if t is None else t.numpy(), layout)
 
     def core_rules(self):

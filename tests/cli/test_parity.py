@@ -38,7 +38,9 @@ def test_parity_short_run(parity_run):
               "mxnet": {(op, dt) for op in ("roi_pool", "psroi_pool", "roi_align",
                                             "multi_scale_roi_align")
                         for dt in ("float32", "float64")},
-              "tensorflow": {("roi_pool_bilinear", "float32"), ("roi_pool_nearest", "float32")},
+              "tensorflow": {("roi_pool_bilinear", "float32"), ("roi_pool_nearest", "float32"),
+                             ("multi_scale_roi_align", "float32"),
+                             ("multi_scale_roi_align", "float64")},
               "openvino": {("roi_pool", "float32"), ("roi_pool_bilinear", "float32"),
                            ("psroi_pool", "float32"), ("pyramid_roi_align", "float32")},
               "onnxruntime": {("roi_pool", "float32"), ("roi_pool_bilinear", "float32"),
@@ -63,6 +65,9 @@ def test_parity_short_run(parity_run):
             assert r["cases"] >= 4, r
             if r["framework"] == "openvino":
                 assert NOT_ALIGNED in r["notes"], r["notes"]
+            elif r["framework"] == "tensorflow":   # the Model Garden's sampler and pyramids
+                assert any("read as 1" in n for n in r["notes"]), r["notes"]
+                assert r["grad_elements"] > 0, r
             else:
                 assert r["notes"] == [] and r["grad_elements"] > 0, r
     # training: a convolution trained through each single-map op, native and roicore's
