@@ -27,6 +27,14 @@ LOAD = {
                                                      "box_indices")]
         got = {k: v.numpy() for k, v in model(*args).items()}
     """,
+    "tensorflow_pyramid": """
+        import roicore.adapters.tf  # noqa: F401  (the import registers roicore's ops)
+        import tensorflow as tf
+        model = tf.saved_model.load(str(root / "model"))
+        features = {k.split("/")[-1]: tf.constant(v) for k, v in e.items()
+                    if k.startswith("in/features/")}
+        got = {k: v.numpy() for k, v in model(features, tf.constant(e["in/boxes"])).items()}
+    """,
     "paddle": """
         import paddle
         import roicore.adapters.paddle  # noqa: F401  (the import registers roicore's ops)
@@ -70,7 +78,8 @@ print("LOADED")
 
 @pytest.mark.parametrize("name", sorted(LOAD))
 def test_a_saved_model_loads_and_computes_what_it_computed_when_saved(name, tmp_path):
-    framework_installed(name, f"the {name} fixture needs {name}")
+    framework = name.split("_")[0]   # tensorflow_pyramid: a later fixture of TensorFlow's
+    framework_installed(framework, f"the {name} fixture needs {framework}")
     root = FIXTURES / name
     saved_by = json.loads((root / "saved_by.json").read_text())
     code = RUN.format(load=textwrap.indent(textwrap.dedent(LOAD[name]), ""))
