@@ -6,8 +6,10 @@ boxes over the levels with ``paddle.vision.ops.distribute_fpn_proposals``, runs
 ``roi_align`` on each level, concatenates the results and gathers the rows back into box
 order.  Here each box's level is computed in C and the box is pooled straight into its row;
 the gradient goes to the map of each box's level.  Levels, outputs and gradients are
-bit-identical to that composition of Paddle's CPU kernels, for float32 and float64.  This
-op runs in dygraph only (roicore.core through ``paddle.autograd.PyLayer``).
+bit-identical to that composition of Paddle's CPU kernels, for float32 and float64.  In
+dygraph it runs on roicore.core through ``paddle.autograd.PyLayer``; a static program
+(``to_static``, ``paddle.jit.save``) holds the composition itself, with roicore's
+``roi_align`` operator on each level, since a PyLayer cannot be saved.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from roicore.core import args, conventions
 
 from .paddle import (
     CONVENTION, PyLayer, _check_places, _check_tensor, _check_tensors, _dtype_name,
-    _in_callers_words, _needs_grad, _numpy_inputs, _size, _to_numpy, _to_paddle, paddle,
+    _graph_ready, _in_callers_words, _needs_grad, _numpy_inputs, _roi_align, _size, _to_numpy,
+    _to_paddle, paddle,
 )
 
 __all__ = ["multilevel_roi_align", "MultiLevelRoIAlign"]
@@ -99,9 +102,6 @@ def _multilevel_roi_align(feats, boxes, boxes_num, output_size, spatial_scales,
                           sampling_ratio, aligned, min_level, max_level, refer_level,
                           refer_scale, pixel_offset, *, n_threads=None,
                           op="multilevel_roi_align", names=None):
-    if not paddle.in_dynamic_mode():
-        raise RuntimeError(f"roicore.adapters.paddle.{op} runs in dygraph mode only (not in "
-                           "static programs or to_static)")
     n = args.Names(names)
     min_level = _level(min_level, "min_level", op)
     max_level = _level(max_level, "max_level", op)
@@ -115,6 +115,10 @@ def _multilevel_roi_align(feats, boxes, boxes_num, output_size, spatial_scales,
     pixel_offset = args.flag(pixel_offset, "pixel_offset")
     if n_threads is not None:
         core.effective_n_threads(n_threads)  # checks it
+    if not paddle.in_dynamic_mode():
+        return _composition(feats, boxes, boxes_num, output_size, scales, sampling_ratio,
+                            aligned, min_level, max_level, refer_level, refer_scale,
+                            pixel_offset, n_threads, op, names)
     _check_places(op, boxes=boxes, boxes_num=boxes_num,
                   **{f"feats[{i}]": f for i, f in enumerate(feats)})
     b, batch = _numpy_inputs(op, feats[0], boxes, boxes_num, n)
@@ -129,6 +133,26 @@ def _multilevel_roi_align(feats, boxes, boxes_num, output_size, spatial_scales,
     return _to_paddle(y, feats[0].place)
 
 
+def _composition(feats, boxes, boxes_num, output_size, scales, sampling_ratio, aligned,
+                 min_level, max_level, refer_level, refer_scale, pixel_offset, n_threads, op,
+                 names):
+    """In a static program: PaddleDetection's composition itself, Paddle's
+    ``distribute_fpn_proposals`` and roicore's ``roi_align`` operator per level (its graph
+    ops), so that ``to_static`` and ``paddle.jit.save`` hold it.  One level pools every box
+    from its map, as the fused path does."""
+    def pool(x, rois, rois_num, scale):
+        return _roi_align(x, rois, rois_num, output_size, scale, sampling_ratio, aligned,
+                          n_threads=n_threads, op=op, names=names)
+    if min_level == max_level:
+        return pool(feats[0], boxes, boxes_num, scales[0])
+    rois, restore, rois_num = paddle.vision.ops.distribute_fpn_proposals(
+        boxes, min_level, max_level, refer_level, refer_scale, pixel_offset=pixel_offset,
+        rois_num=boxes_num)
+    pooled = [pool(f, r, k, s) for f, r, k, s in zip(feats, rois, rois_num, scales)]
+    return paddle.gather(paddle.concat(pooled), restore)
+
+
+@_graph_ready
 def multilevel_roi_align(feats, boxes, boxes_num, output_size, spatial_scales,
                          sampling_ratio=-1, aligned=True, min_level=2, max_level=5,
                          refer_level=4, refer_scale=224, pixel_offset=False, name=None, *,
@@ -142,7 +166,9 @@ def multilevel_roi_align(feats, boxes, boxes_num, output_size, spatial_scales,
     (outputs and the gradients of ``feats``).  Box k's level is
     ``floor(log2(sqrt(area_k) / refer_scale + 1e-6) + refer_level)`` clamped to
     [min_level, max_level], where a reversed box has area 0.  ``boxes`` and ``boxes_num`` get
-    no gradient, as in Paddle.  Dygraph only.
+    no gradient, as in Paddle.  In dygraph one fused operator computes it; in a static
+    program (``paddle.jit.to_static``, ``paddle.jit.save``) it is that composition itself,
+    with roicore's ``roi_align`` operator on each level.
 
     Argument names and defaults follow ``paddle.vision.ops``: ``roi_align`` (sampling_ratio
     -1, aligned True) and ``distribute_fpn_proposals`` (pixel_offset False).  The levels'

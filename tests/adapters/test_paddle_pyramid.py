@@ -388,17 +388,38 @@ def test_errors():
             call(**kw)
 
 
-def test_static_mode_is_refused():
-    paddle.enable_static()
-    try:
-        with paddle.static.program_guard(paddle.static.Program()):
-            feats = [paddle.static.data(f"x{i}", [2, 3, 8, 8], "float32") for i in range(4)]
-            boxes = paddle.static.data("boxes", [-1, 4], "float32")
-            boxes_num = paddle.static.data("boxes_num", [2], "int32")
-            with pytest.raises(RuntimeError, match="multilevel_roi_align runs in dygraph mode"):
-                rp.multilevel_roi_align(feats, boxes, boxes_num, 2, SCALES)
-    finally:
-        paddle.disable_static()
+@pytest.mark.parametrize("full_graph", [True, False], ids=["ast", "sot"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_to_static_and_jit_save_hold_the_composition(dtype, full_graph, tmp_path):
+    """A static program holds distribute_fpn_proposals and roicore's roi_align operator per
+    level: to_static and a reloaded paddle.jit.save model compute PaddleDetection's numbers,
+    gradients included."""
+    if rp._operators() is None:
+        pytest.skip("roicore's Paddle operators are unavailable")
+    maps = feature_maps(dtype)
+    boxes, counts = proposals(dtype)
+    kw = dict(output_size=5, sampling_ratio=2, aligned=False, pixel_offset=False)
+    want, want_grads = run(paddledet, maps, boxes, counts, **kw)
+
+    class Extractor(paddle.nn.Layer):   # a saved model's inputs are tensors, not lists
+        def forward(self, p2, p3, p4, p5, boxes, boxes_num):
+            return rp.multilevel_roi_align([p2, p3, p4, p5], boxes, boxes_num, 5, SCALES, 2,
+                                           False)
+
+    spec = [paddle.static.InputSpec([None, 3, None, None], dtype) for _ in range(4)] + [
+        paddle.static.InputSpec([None, 4], dtype), paddle.static.InputSpec([None], "int32")]
+    static = paddle.jit.to_static(Extractor(), input_spec=spec, full_graph=full_graph)
+    got, got_grads = run(lambda f, b, n, **_: static(*f, b, n), maps, boxes, counts, **kw)
+    assert_identical(got, want, "to_static")
+    for i, (g, w) in enumerate(zip(got_grads, want_grads)):
+        assert_identical(g, w, f"to_static feats[{i}].grad")
+    paddle.jit.save(static, str(tmp_path / "extractor"))
+    loaded = paddle.jit.load(str(tmp_path / "extractor"))
+    loaded.train()
+    got, got_grads = run(lambda f, b, n, **_: loaded(*f, b, n), maps, boxes, counts, **kw)
+    assert_identical(got, want, "jit.load")
+    for i, (g, w) in enumerate(zip(got_grads, want_grads)):
+        assert_identical(g, w, f"jit.load feats[{i}].grad")
 
 
 # ----------------------------------------------------------------------------- documentation
