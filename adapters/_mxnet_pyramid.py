@@ -120,6 +120,25 @@ def _forward(size, params, maps, rois):
     return _as_ndarray(y, maps[0].context)
 
 
+def _graph(features, rpn_rois, size, strides, min_stage, levels, canonical_scale,
+           sampling_ratio, eps, n_threads):
+    """In an ``mx.sym`` graph (a hybridized block, ``export``): GluonCV's formula itself on
+    ``mx.sym``, each level's rows pooled by roicore's ROIAlign operator with the other
+    levels' rows set to -1 (which it pools to 0), and the levels summed."""
+    from .mxnet import ROIAlign
+    F = mx.sym
+    _, x1, y1, x2, y2 = F.split(rpn_rois, axis=-1, num_outputs=5)
+    h = y2 - y1 + 1
+    w = x2 - x1 + 1
+    roi_level = F.floor(_CANONICAL_LEVEL + F.log2(F.sqrt(w * h) / canonical_scale + eps))
+    roi_level = F.squeeze(F.clip(roi_level, min_stage, min_stage + levels - 1))
+    pooled = [ROIAlign(features[i], F.where(roi_level == min_stage + i, rpn_rois,
+                                            F.ones_like(rpn_rois) * -1.),
+                       size, 1.0 / strides[i], sample_ratio=sampling_ratio, n_threads=n_threads)
+              for i in range(levels)]
+    return F.ElementWiseSum(*pooled)
+
+
 def pyramid_roi_feats(features, rpn_rois, roi_size, strides, roi_mode="align",
                       roi_canonical_scale=224.0, sampling_ratio=2, eps=1e-6, *,
                       n_threads=None):
@@ -180,10 +199,12 @@ def pyramid_roi_feats(features, rpn_rois, roi_size, strides, roi_mode="align",
     >>> [f.grad.sum().asscalar() for f in feats]
     [1.0, 1.0, 1.0, 1.0]
 
+    With ``mx.sym`` inputs (a hybridized block, ``export``) it builds GluonCV's formula
+    itself, with roicore's ROIAlign operator on each level, the same numbers.
+
     Differences from GluonCV
     ------------------------
-    NDArray inputs only (no ``mx.sym``); rows with a negative batch index give 0 on the CPU
-    too; a batch index >= N or a non-finite one or coordinate raises ValueError; ``rpn_rois``
+    Rows with a negative batch index give 0 on the CPU too; a batch index >= N or a non-finite one or coordinate raises ValueError; ``rpn_rois``
     of another dtype than the features are cast to theirs (MXNet raises); float16 is
     computed in float32; ``roi_mode='pool'`` raises NotImplementedError.
     """
@@ -192,11 +213,21 @@ def pyramid_roi_feats(features, rpn_rois, roi_size, strides, roi_mode="align",
                                   "roicore.core has no pyramid RoI max pooling")
     if roi_mode != "align":
         raise ValueError(f"Invalid roi mode: {roi_mode!r} (GluonCV's modes: 'align', 'pool')")
-    if isinstance(features, mx.nd.NDArray) or not isinstance(features, (list, tuple)):
+    if isinstance(features, (mx.nd.NDArray, mx.sym.Symbol)) or \
+            not isinstance(features, (list, tuple)):
         raise TypeError(f"features must be a list of mx.nd.NDArray (N, C, H, W), one per "
                         f"stride, got {type(features).__name__}")
     if not features:
         raise ValueError("features must hold at least one map")
+    if isinstance(rpn_rois, mx.sym.Symbol) and all(isinstance(f, mx.sym.Symbol)
+                                                   for f in features):
+        scales, min_stage, levels = _stages(features, strides)
+        _level_rules(eps)
+        return _graph(features, rpn_rois, core.args.pair(roi_size, "roi_size"), scales,
+                      min_stage, levels,
+                      core.args.positive_scale(roi_canonical_scale, "roi_canonical_scale"),
+                      core.args.sampling_ratio(sampling_ratio, "sampling_ratio"), eps,
+                      n_threads)
     for i, f in enumerate(features):
         if not isinstance(f, mx.nd.NDArray):
             raise TypeError(f"features[{i}] must be an mx.nd.NDArray, got {type(f).__name__}")

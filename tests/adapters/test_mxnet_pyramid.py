@@ -320,3 +320,33 @@ def _call(features=None, rpn_rois=None, roi_size=(2, 2), strides=STRIDES, **kw):
 def test_invalid_arguments(kw, error, message):
     with pytest.raises(error, match=message):
         _call(**kw)
+
+
+# ------------------------------------------------------------------------------ graphs
+class _Pooler(mx.gluon.HybridBlock):
+    def hybrid_forward(self, F, p2, p3, p4, p5, rois):
+        return mxa.pyramid_roi_feats([p2, p3, p4, p5], rois, (3, 2), STRIDES)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+def test_a_hybridized_block_and_its_export_match_gluoncv(dtype, tmp_path):
+    """In an mx.sym graph the pooler is GluonCV's formula with roicore's ROIAlign operator:
+    a hybridized block's outputs and map gradients, and its exported and reimported
+    SymbolBlock's outputs, are GluonCV's."""
+    maps, rois = _maps(dtype), _boxes()
+    dy = head_gradient((rois.shape[0], maps[0].shape[1], 3, 2), maps[0].dtype, seed=3)
+    oracle = lambda xs, r: gluoncv_pyramid_roi_feats(  # noqa: E731
+        mx.nd, xs, r, (3, 2), STRIDES, 2, 5)
+    y_ref, g_ref = _run(oracle, maps, rois, dy)
+    block = _Pooler()
+    block.hybridize()
+    y, g = _run(lambda xs, r: block(*xs, r), maps, rois, dy)
+    assert_identical(y, y_ref)
+    for a, b in zip(g, g_ref):
+        assert_identical(a, b)
+    block.export(str(tmp_path / "pooler"))
+    loaded = mx.gluon.SymbolBlock.imports(str(tmp_path / "pooler-symbol.json"),
+                                          ["data0", "data1", "data2", "data3", "data4"])
+    y_loaded = loaded(*[mx.nd.array(m, dtype=m.dtype) for m in maps],
+                      mx.nd.array(rois, dtype=maps[0].dtype))
+    assert_identical(y_loaded.asnumpy(), y_ref)
