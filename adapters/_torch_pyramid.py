@@ -180,11 +180,44 @@ def multi_scale_roi_align(features: List[Tensor], boxes: List[Tensor], output_si
         raise ValueError(f"{op}: scales must be powers of two, got {scales}")
     size = core.args.pair(output_size, "output_size")
     rois = _rois(list(boxes), features[0], op)
+    if torch.onnx.is_in_onnx_export():
+        return _onnx_composition(features, rois, scales, size, sampling_ratio,
+                                 int(round(first)), canonical_level, float(canonical_scale))
     device = features[0].device
     maps = [_host(f, f"features[{i}]", op) for i, f in enumerate(features)]
     y = torch.ops.roicore.multi_scale_roi_align(maps, _host(rois, "boxes", op), scales, size[0], size[1], sampling_ratio,
                     False, int(round(first)), canonical_level, float(canonical_scale), n_threads)
     return _on(y, device)
+
+
+def _onnx_composition(features: List[Tensor], rois: Tensor, scales: List[float], size,
+                      sampling_ratio: int, first: int, canonical_level: int,
+                      canonical_scale: float) -> Tensor:
+    """What an ONNX export records: torchvision's own graph, its LevelMapper on tensors,
+    ``roi_align`` per level (the ``RoiAlign`` node) and the rows scattered back as its
+    ``_onnx_merge_levels`` does, so the file is what torchvision's module exports and runs
+    on any ONNX runtime.  (ONNX has no fused pyramid operator.)"""
+    from .torch import roi_align
+    widths = rois[:, 3] - rois[:, 1]
+    heights = rois[:, 4] - rois[:, 2]
+    s = torch.sqrt(widths * heights)
+    levels = torch.floor(canonical_level + torch.log2(s / canonical_scale)
+                         + torch.tensor(1e-6, dtype=s.dtype))
+    levels = torch.clamp(levels, min=first, max=first + len(features) - 1)
+    levels = levels.to(torch.int64) - first
+    pooled = []
+    for level, (feature, scale) in enumerate(zip(features, scales)):
+        rows = torch.where(levels == level)[0]
+        pooled.append((rows, roi_align(feature, rois[rows], size, spatial_scale=scale,
+                                       sampling_ratio=sampling_ratio)))
+    first_pooled = pooled[0][1]
+    out = torch.zeros((rois.shape[0], first_pooled.shape[1], size[0], size[1]),
+                      dtype=first_pooled.dtype, device=first_pooled.device)
+    for rows, result in pooled:
+        index = rows.view(-1, 1, 1, 1).expand(rows.size(0), result.size(1), result.size(2),
+                                              result.size(3))
+        out = out.scatter(0, index, result)
+    return out
 
 
 class _LevelMap:
@@ -219,7 +252,9 @@ class MultiScaleRoIAlign(nn.Module):
 
     Differences: feature maps that are not one per power-of-two level raise ValueError
     (torchvision pools some boxes from a map of another scale); ``n_threads`` as in
-    :func:`roicore.adapters.torch.roi_align`; no ONNX export yet.
+    :func:`roicore.adapters.torch.roi_align`.  An ONNX export (either exporter) records
+    torchvision's own graph for it, levels on tensors, ``RoiAlign`` per level and a scatter,
+    since ONNX has no fused pyramid operator.
     """
     __annotations__ = {"scales": Optional[List[float]], "first_level": Optional[int],
                        "n_threads": Optional[int]}

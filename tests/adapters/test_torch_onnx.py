@@ -182,3 +182,47 @@ def test_position_sensitive_ops_export_to_the_roicore_domain(exporter, op, tmp_p
     assert {o.domain: o.version for o in exported.opset_import}[_torch_onnx.DOMAIN] == 1
     out_shape = [d.dim_value or None for d in exported.graph.output[1].type.tensor_type.shape.dim]
     assert out_shape[1:] == [2, 2, 2]  # 8 channels over 2x2 cells: 2 output channels
+
+
+class _Pyramid(torch.nn.Module):
+    """Two FPN levels of one image pooled by a MultiScaleRoIAlign (ours or torchvision's)."""
+
+    def __init__(self, pooler):
+        super().__init__()
+        self.pooler = pooler
+
+    def forward(self, p2, p3, boxes):
+        return self.pooler({"p2": p2, "p3": p3}, [boxes], [(64, 96)])
+
+
+@pytest.mark.parametrize("exporter", EXPORTERS)
+def test_multi_scale_roi_align_exports_torchvision_s_graph(exporter, tmp_path):
+    """ONNX has no pyramid operator: the module exports torchvision's graph (levels on
+    tensors, RoiAlign per level, a scatter), which ONNX Runtime runs with the numbers of
+    torchvision's own exported module and of the module in torch."""
+    ops = framework("torchvision.ops", "the comparison needs torchvision")
+    g = torch.Generator().manual_seed(5)
+    p2, p3 = torch.rand(1, 4, 16, 24, generator=g), torch.rand(1, 4, 8, 12, generator=g)
+    lo = torch.rand(30, 2, generator=g) * 80 - 8
+    boxes = torch.cat([lo, lo + torch.rand(30, 2, generator=g) * 300 + 1], 1)
+    jobs, ours = [], None
+    for name, pooler in (("roicore", rt.MultiScaleRoIAlign(["p2", "p3"], 5, 2)),
+                         ("torchvision", ops.MultiScaleRoIAlign(["p2", "p3"], 5, 2))):
+        model = _Pyramid(pooler).eval()
+        path = tmp_path / f"{name}.onnx"
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            warnings.filterwarnings("ignore", message=".*legacy TorchScript-based ONNX export")
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+            torch.onnx.export(model, (p2, p3, boxes), str(path), dynamo=EXPORTERS[exporter],
+                              opset_version=18 if EXPORTERS[exporter] else 16,
+                              input_names=["p2", "p3", "boxes"], output_names=["pooled"])
+        if name == "roicore":
+            assert _node_types(onnx.load(str(path))).count("RoiAlign") == 2
+            with torch.no_grad():
+                ours = model(p2, p3, boxes).numpy()
+            assert set(pooler.map_levels([boxes]).tolist()) == {0, 1}   # both levels pool
+        jobs.append((path, {"p2": p2.numpy(), "p3": p3.numpy(), "boxes": boxes.numpy()}))
+    (got,), (theirs,) = _run_in_ort(jobs)
+    np.testing.assert_array_equal(got, theirs)
+    np.testing.assert_array_equal(got, ours)
