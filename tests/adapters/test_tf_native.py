@@ -439,7 +439,7 @@ def test_raw_ops_refuse_bad_input_with_invalid_argument(library):
     common = dict(pooled_height=2, pooled_width=2, spatial_scale=0.5)
     cases = [
         (lambda: library.roicore_roi_align(images, boxes, idx, rules=[9, 9, 9, 9], **common),
-         r"RoIAlignRules.sampler must be a code in \[0, 1\], got 9"),
+         r"RoIAlignRules.sampler must be a code in \[0, 2\], got 9"),
         (lambda: library.roicore_roi_align(images, boxes, idx, rules=rules[:2], **common),
          r"RoIAlignRules needs at least 4 fields \(sampler to backward_min_size_always\), got 2"),
         (lambda: library.roicore_roi_align(images, boxes[:, :3], idx, rules=rules, **common),

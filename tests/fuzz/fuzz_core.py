@@ -39,7 +39,8 @@ def make_case(seed):
     """Everything one case needs, from its seed."""
     np, reference, rc, conventions, BOX_KINDS, SCALES, feature_box = _imports()
     rng = np.random.default_rng(seed)
-    op = str(rng.choice(["max", "bilinear", "nearest", "boxes", "psroi", "align", "ps_align"]))
+    op = str(rng.choice(["max", "bilinear", "nearest", "boxes", "psroi", "align", "ps_align",
+                         "garden"]))
     crop = op in CROP_OPS
     backward = bool(rng.random() < 0.5)
     dtype = np.float32 if rng.random() < 0.6 else np.float64
@@ -51,7 +52,9 @@ def make_case(seed):
              # the box gradient is TensorFlow's only
              "boxes": {"tensorflow": conventions.BILINEAR_POOL["tensorflow"]},
              "psroi": conventions.PSROI_POOL, "align": conventions.ROI_ALIGN,
-             "ps_align": conventions.PSROI_ALIGN}[op]
+             "ps_align": conventions.PSROI_ALIGN,
+             # the TF Model Garden's sampler: one sample per bin, unaligned
+             "garden": {"model_garden": conventions.MODEL_GARDEN_ALIGN}}[op]
     convention = str(rng.choice(sorted(table)))
     group = None
     if op in ("psroi", "ps_align"):
@@ -92,7 +95,8 @@ def make_case(seed):
     case = dict(op=op, backward=backward, dtype=dtype, x=x, boxes=boxes, batch=batch,
                 output_size=(PH, PW), scale=scale, convention=table[convention],
                 convention_name=convention, group=group, hostile=hostile,
-                sampling_ratio=int(rng.choice([-1, 0, 1, 2, 3])), aligned=bool(rng.random() < 0.5),
+                sampling_ratio=1 if op == "garden" else int(rng.choice([-1, 0, 1, 2, 3])),
+                aligned=op != "garden" and bool(rng.random() < 0.5),
                 extrapolation=float(rng.choice([0.0, 0.5])),
                 grad=rng.standard_normal(grad_shape).astype(dtype),
                 threads=int(rng.integers(2, 5)))
@@ -163,6 +167,10 @@ def _reference(case):
         if not c["backward"]:
             return (reference.ps_roi_align(x, b, batch, P, s, sr, rules),)
         return (reference.ps_roi_align_backward(c["grad"], b, batch, x.shape, P, s, sr, rules),)
+    if c["op"] == "garden":
+        if not c["backward"]:
+            return (reference.model_garden_crop(x, b, batch, P, s),)
+        return (reference.model_garden_crop_backward(c["grad"], b, batch, x.shape, s),)
     if not c["backward"]:
         return (reference.roi_align(x, b, batch, P, s, sr, al, rules),)
     return (reference.roi_align_backward(c["grad"], b, batch, x.shape, P, s, sr, al, rules),)
