@@ -204,7 +204,8 @@ def pyramid_roi_feats(features, rpn_rois, roi_size, strides, roi_mode="align",
 
     Differences from GluonCV
     ------------------------
-    Rows with a negative batch index give 0 on the CPU too; a batch index >= N or a non-finite one or coordinate raises ValueError; ``rpn_rois``
+    Rows with a negative batch index give 0 on the CPU too; a batch index >= N or a
+    non-finite one or coordinate raises ValueError; ``rpn_rois``
     of another dtype than the features are cast to theirs (MXNet raises); float16 is
     computed in float32; ``roi_mode='pool'`` raises NotImplementedError.
     """

@@ -1094,6 +1094,15 @@ def _garden_axis(lo, hi, s, P, size, T):
     return out
 
 
+def _garden_boxes(boxes, batch, N, H, W, PH, PW, spatial_scale, T):
+    """Per box: its index, its image and the (low, high, weights) of its rows and columns."""
+    s = T(spatial_scale)
+    for n in range(len(boxes)):
+        x1, y1, x2, y2 = _box(boxes, n, T)
+        yield (n, _batch_index(batch, n, N), _garden_axis(y1, y2, s, PH, H, T),
+               _garden_axis(x1, x2, s, PW, W, T))
+
+
 def model_garden_crop(x, boxes, batch, output_size, spatial_scale):
     """Forward: (K, C, PH, PW), with spatial_scale held in x's dtype."""
     x = np.asarray(x)
@@ -1101,16 +1110,12 @@ def model_garden_crop(x, boxes, batch, output_size, spatial_scale):
     boxes = _boxes_as(boxes, T)
     N, C, H, W = x.shape
     PH, PW = _pair(output_size)
-    s = T(spatial_scale)
     y = np.zeros((len(boxes), C, PH, PW), T)
     with np.errstate(all="ignore"):
-        for n in range(len(boxes)):
-            b = _batch_index(batch, n, N)
-            x1, y1, x2, y2 = _box(boxes, n, T)
-            rows, cols = _garden_axis(y1, y2, s, PH, H, T), _garden_axis(x1, x2, s, PW, W, T)
+        for n, b, rows, cols in _garden_boxes(boxes, batch, N, H, W, PH, PW, spatial_scale, T):
+            v = x[b]
             for ph, (yl, yh, hy, ly) in enumerate(rows):
                 for pw, (xl, xh, hx, lx) in enumerate(cols):
-                    v = x[b, :, :, :]
                     y[n, :, ph, pw] = (((v[:, yl, xl] * T(hy * hx) + v[:, yl, xh] * T(hy * lx))
                                         + v[:, yh, xl] * T(ly * hx)) + v[:, yh, xh] * T(ly * lx))
     return y
@@ -1124,13 +1129,9 @@ def model_garden_crop_backward(grad_output, boxes, batch, input_shape, spatial_s
     boxes = _boxes_as(boxes, T)
     N, C, H, W = (int(d) for d in input_shape)
     PH, PW = g.shape[2:]
-    s = T(spatial_scale)
     dx = np.zeros((N, C, H, W), T)
     with np.errstate(all="ignore"):
-        for n in range(len(boxes)):
-            b = _batch_index(batch, n, N)
-            x1, y1, x2, y2 = _box(boxes, n, T)
-            rows, cols = _garden_axis(y1, y2, s, PH, H, T), _garden_axis(x1, x2, s, PW, W, T)
+        for n, b, rows, cols in _garden_boxes(boxes, batch, N, H, W, PH, PW, spatial_scale, T):
             for ph, (yl, yh, hy, ly) in enumerate(rows):
                 for row, wy in ((yl, hy), (yh, ly)):
                     for pw, (xl, xh, hx, lx) in enumerate(cols):
