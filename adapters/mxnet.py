@@ -93,6 +93,7 @@ from __future__ import annotations
 import ast
 import collections
 import contextlib
+import dataclasses
 import math
 import numbers
 import re
@@ -389,6 +390,13 @@ def _check_data_shape(shape):
         raise ValueError(f"data must be a 4-D (N, C, H, W) tensor, got shape {tuple(shape)}")
 
 
+def _check_ps_align_channels(channels, params):
+    cells = params["pooled_size"][0] * params["pooled_size"][1]
+    if channels % cells:
+        raise ValueError(f"data must have a multiple of pooled_size[0] * pooled_size[1] = "
+                         f"{cells} channels with position_sensitive=True, got {channels}")
+
+
 def _check_psroi_channels(channels, params):
     group = params["group_size"] or params["pooled_size"]
     if channels != params["output_dim"] * group * group:
@@ -438,12 +446,27 @@ def _psroi_backward(p, dy, rois, x_shape, outputs, out=None):
                                     out=out, **_CORE)
 
 
+def _ps_align_rules(p):
+    """MXNet's position-sensitive RoIAlign rules for ``aligned``."""
+    rules = core.conventions.PSROI_ALIGN["mxnet"]
+    return dataclasses.replace(rules, box="aligned") if p["aligned"] else rules
+
+
 def _align_forward(p, x, rois, out=None, argmax=True):
+    # graphs saved before position_sensitive existed lack the attribute
+    if p.get("position_sensitive", False):
+        return (core.ps_roi_align(x, rois, p["pooled_size"], p["spatial_scale"],
+                                  p["sample_ratio"], n_threads=p["n_threads"], out=out,
+                                  **dict(_CORE, convention=_ps_align_rules(p))),)
     return (core.roi_align(x, rois, p["pooled_size"], p["spatial_scale"], p["sample_ratio"],
                            p["aligned"], n_threads=p["n_threads"], out=out, **_CORE),)
 
 
 def _align_backward(p, dy, rois, x_shape, outputs, out=None):
+    if p.get("position_sensitive", False):
+        return core.ps_roi_align_backward(dy, rois, x_shape, p["spatial_scale"],
+                                          p["sample_ratio"], n_threads=p["n_threads"], out=out,
+                                          **dict(_CORE, convention=_ps_align_rules(p)))
     return core.roi_align_backward(dy, rois, x_shape, p["spatial_scale"], p["sample_ratio"],
                                    p["aligned"], n_threads=p["n_threads"], out=out, **_CORE)
 
@@ -602,6 +625,8 @@ def _call(op, data, rois, params, out, name):
     _check_inputs(data, rois, op)
     if op == "PSROIPooling":
         _check_psroi_channels(data.shape[1], params)
+    if op == "ROIAlign" and params["position_sensitive"]:
+        _check_ps_align_channels(data.shape[1], params)
     if out is not None:
         return _write_out(out, op, params, data, rois)
     if not mx.autograd.is_recording():  # no gradient can be asked for: no argmax either
@@ -760,7 +785,9 @@ def ROIAlign(data=None, rois=None, pooled_size=None, spatial_scale=None, sample_
     sample_ratio : int, optional
         Samples per bin and axis; -1 (default) or 0 for ``ceil(bin size)``.
     position_sensitive : bool, optional
-        Only False is supported.
+        Position-sensitive RoIAlign (Light-Head R-CNN): data has ``D * PH * PW`` channels and
+        output channel d at cell (ph, pw) averages the samples of input channel
+        ``(d*PH + ph)*PW + pw``.  Default False.
     aligned : bool, optional
         Shift boxes by half a pixel so that coordinates address pixel centres
         (Detectron2's ``aligned=True``).  Default False.
@@ -776,7 +803,8 @@ def ROIAlign(data=None, rois=None, pooled_size=None, spatial_scale=None, sample_
     Returns
     -------
     NDArray or Symbol
-        (R, C, pooled_size[0], pooled_size[1]), data's dtype and context.
+        (R, C, pooled_size[0], pooled_size[1]), data's dtype and context; with
+        ``position_sensitive``, (R, C / (PH * PW), PH, PW).
 
     Examples
     --------
@@ -793,16 +821,14 @@ def ROIAlign(data=None, rois=None, pooled_size=None, spatial_scale=None, sample_
     or casts it to int with undefined behaviour); with ``aligned=True`` a box of size <= 0
     gives 0 (MXNet aborts the process); ``spatial_scale=0`` raises (MXNet collapses every
     box to a point); ``rois`` of another float dtype than ``data`` are cast to it (MXNet
-    raises); ``position_sensitive=True`` raises NotImplementedError; float16 is computed in
-    float32.
+    raises); with ``position_sensitive=True`` a channel count that ``PH * PW`` does not
+    divide raises ValueError (MXNet: MXNetError); float16 is computed in float32.
     """
-    if position_sensitive:
-        raise NotImplementedError("ROIAlign(position_sensitive=True) is not implemented: "
-                                  "roicore.core has no position-sensitive RoIAlign")
     if isinstance(sample_ratio, (bool, np.bool_)) or not isinstance(sample_ratio, numbers.Integral):
         raise TypeError(f"sample_ratio must be an int, got {type(sample_ratio).__name__}")
     params = {"pooled_size": _pooled_size(pooled_size), "spatial_scale": _check_scale(spatial_scale),
               "sample_ratio": int(sample_ratio), "aligned": bool(aligned),
+              "position_sensitive": bool(position_sensitive),
               "n_threads": _threads(n_threads)}
     return _call("ROIAlign", data, rois, params, out, name)
 
@@ -901,6 +927,13 @@ class _PSROIPoolingProp(_Prop):
 @mx.operator.register("roicore_ROIAlign")
 class _ROIAlignProp(_Prop):
     op = "ROIAlign"
+
+    def _out_shape(self, data_shape, rois_shape):
+        if not self._params.get("position_sensitive", False):
+            return super()._out_shape(data_shape, rois_shape)
+        _check_ps_align_channels(data_shape[1], self._params)
+        ph, pw = self._params["pooled_size"]
+        return [rois_shape[0], data_shape[1] // (ph * pw), ph, pw]
 
 
 from ._mxnet_pyramid import pyramid_roi_feats  # noqa: E402

@@ -98,7 +98,11 @@ def golden_cases():
               expected=[[[[4.5, 70.5], [148.5, 214.5]]], [[[27, 93], [171, 237]]]],
               conventions=("torchvision",)),
         _case("linear_map_P2", "golden", "ps_roi_align", linear[None], [[0, .5, .5, 2.5, 2.5]], 2,
-              expected=[[[[2.5, 103.5], [206.5, 307.5]]]]),
+              expected=[[[[2.5, 103.5], [206.5, 307.5]]]], conventions=("torchvision",)),
+        # unaligned (MXNet's default): the samples at (1 + ph, 1 + pw)
+        _case("linear_map_P2_unaligned", "golden", "ps_roi_align", linear[None],
+              [[0, .5, .5, 2.5, 2.5]], 2, expected=[[[[5, 106], [209, 310]]]],
+              conventions=("mxnet",)),
         _case("8x6_sr2", "golden", "roi_align", x86, rois_a, 2, 1.0, 2, False,
               expected=[[[[7, 9], [19, 21]]], [[[17.35, 18.95], [31.45, 33.05]]]]),
         _case("8x6_sr2_aligned", "golden", "roi_align", x86, rois_a, 2, 1.0, 2, True,

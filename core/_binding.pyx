@@ -97,6 +97,9 @@ _CODES = {
     },
     "PSRoIAlignRules": {
         "scale_precision": {"input": ROICORE_PRECISION_INPUT, "float32": ROICORE_PRECISION_FLOAT32},
+        "box": {"aligned": ROICORE_PS_ALIGN_BOX_ALIGNED, "unaligned": ROICORE_PS_ALIGN_BOX_UNALIGNED},
+        "outside": {"zero": ROICORE_OUTSIDE_ZERO, "first": ROICORE_OUTSIDE_FIRST},
+        "empty_grid": {"divide": ROICORE_PS_EMPTY_GRID_DIVIDE, "zero": ROICORE_PS_EMPTY_GRID_ZERO},
     },
     "LevelRules": {
         "pixel_offset": {False: 0, True: 1},

@@ -156,20 +156,33 @@ class RoIAlignRules:
 
 @dataclass(frozen=True)
 class PSRoIAlignRules:
-    """Position-sensitive RoIAlign (torchvision ps_roi_align, Light-Head R-CNN).
+    """Position-sensitive RoIAlign (torchvision ps_roi_align, Light-Head R-CNN; MXNet
+    ``ROIAlign(position_sensitive=True)``).
 
-    Always aligned (boxes shifted by -0.5 pixel, no minimum size), the Caffe2 sample
-    positions and weights of :class:`RoIAlignRules`, and each output the mean of the
-    samples of its own input channel, mapped as in :class:`PSRoIPoolRules`.  Unlike
-    RoIAlign, a sample outside [-1, H] x [-1, W] contributes a plain 0 (no ``0 * v[0, 0]``),
-    and the sum is divided by the grid size as it is: an empty grid gives 0/0 = NaN, and a
-    negative one (a reversed box with adaptive sampling) a zero with the grid's sign.
+    The Caffe2 sample positions and weights of :class:`RoIAlignRules`, and each output the
+    mean of the samples of its own input channel, mapped as in :class:`PSRoIPoolRules`.
 
     scale_precision
         As in :class:`MaxPoolRules`.
+    box
+        ``"aligned"`` (torchvision, MXNet's ``aligned=True``): boxes shifted by -0.5 pixel,
+        no minimum size.  ``"unaligned"`` (MXNet's ``aligned=False``): not shifted, and at
+        least 1 x 1 feature pixel, as RoIAlign's ``aligned=False``.
+    outside
+        What a sample outside [-1, H] x [-1, W] adds to the sum: ``"zero"``, a plain 0
+        (torchvision); ``"first"``, ``0 * v[0, 0]`` for each of its four corners, as
+        RoIAlign does (MXNet), which is NaN when the plane's first value is not finite.
+    empty_grid
+        ``"divide"`` (torchvision): the sum is divided by the grid size as it is, so an
+        empty grid gives 0/0 = NaN and a negative one (a reversed box with adaptive
+        sampling) a zero with the grid's sign.  ``"zero"``: a bin without samples gives 0
+        (MXNet aborts on a box of size <= 0 when aligned).
     """
 
     scale_precision: Literal["float32", "input"]
+    box: Literal["aligned", "unaligned"] = "aligned"
+    outside: Literal["zero", "first"] = "zero"
+    empty_grid: Literal["divide", "zero"] = "divide"
 
 
 @dataclass(frozen=True)
@@ -249,6 +262,9 @@ MODEL_GARDEN_ALIGN = RoIAlignRules("model_garden", "input", "zero", False)
 
 PSROI_ALIGN = {
     "torchvision": PSRoIAlignRules("input"),
+    # ROIAlign(position_sensitive=True), whose default aligned=False; aligned=True is
+    # box="aligned".
+    "mxnet": PSRoIAlignRules("float32", box="unaligned", outside="first", empty_grid="zero"),
 }
 
 # The level rule of each framework's FPN pooler; their usual k0 and s0 are in

@@ -393,18 +393,22 @@ def _ps_align_setup(convention, spatial_scale, sampling_ratio, op, n):
 def ps_roi_align(x, boxes, output_size, spatial_scale=1.0, sampling_ratio=-1, *,
                  batch_indices=None, masked=False, convention="torchvision", n_threads=None,
                  out=None, names=None):
-    """Position-sensitive RoIAlign (Light-Head R-CNN), as torchvision ps_roi_align.
+    """Position-sensitive RoIAlign (Light-Head R-CNN), as torchvision ps_roi_align
+    (``convention="torchvision"``) or MXNet ``ROIAlign(position_sensitive=True)``
+    (``"mxnet"``, its default ``aligned=False``).
 
     x has ``D * PH * PW`` channels; output channel d at cell (ph, pw) is the mean of the
-    bilinear samples of input channel ``(d*PH + ph)*PW + pw`` on the bin's grid.  Boxes are
-    always aligned (``x*s - 0.5``: pixel centres) and have no minimum size; each bin takes
-    ``sampling_ratio`` samples per axis, or ``ceil(bin size)`` when ``sampling_ratio`` is
-    -1 or 0.  Samples more than one pixel outside the map add 0 (and still count).
+    bilinear samples of input channel ``(d*PH + ph)*PW + pw`` on the bin's grid.  torchvision's
+    boxes are always aligned (``x*s - 0.5``: pixel centres) and have no minimum size;
+    MXNet's with ``aligned=False`` are not shifted and are at least one pixel
+    (``PSRoIAlignRules.box``).  Each bin takes ``sampling_ratio`` samples per axis, or
+    ``ceil(bin size)`` when ``sampling_ratio`` is -1 or 0.  Samples more than one pixel
+    outside the map add 0 (and still count).
 
     Edge cases, as torchvision computes them: with adaptive sampling a zero-size box has an
     empty grid and gives NaN (0/0), and a reversed box gives zeros whose sign is that of
-    its grid's size; with a fixed ``sampling_ratio`` a reversed box is sampled back to
-    front.
+    its grid's size (MXNet's convention: 0); with a fixed ``sampling_ratio`` a reversed box
+    is sampled back to front.
 
     Returns an array of shape (K, D, PH, PW).
     """

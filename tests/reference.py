@@ -972,10 +972,12 @@ def roi_align_backward(grad_output, boxes, batch, input_shape, output_size, spat
 # Position-sensitive RoIAlign: torchvision ps_roi_align (docs/semantics.md 4.3)
 # ---------------------------------------------------------------------------------------------
 
-def _ps_align_box(box, s, sampling_ratio, PH, PW, T):
-    """(start_w, start_h, bin_w, bin_h, grid_h, grid_w): always aligned (-0.5), no minimum
-    size; the adaptive grid is ``(int)ceil(size / P)`` and may be zero or negative."""
-    sw, sh, rw, rh = _align_roi(box, s, True, False, T)
+def _ps_align_box(box, s, sampling_ratio, PH, PW, T, rules):
+    """(start_w, start_h, bin_w, bin_h, grid_h, grid_w): aligned (-0.5) without a minimum
+    size, or (MXNet's aligned=False) unshifted and at least 1; the adaptive grid is
+    ``(int)ceil(size / P)`` and may be zero or negative."""
+    aligned = rules.box == "aligned"
+    sw, sh, rw, rh = _align_roi(box, s, aligned, not aligned, T)
     return (sw, sh, rw / T(PW), rh / T(PH), _grid(sampling_ratio, rh, PH, T),
             _grid(sampling_ratio, rw, PW, T))
 
@@ -991,7 +993,9 @@ def _ps_align_bin(sw, sh, bin_w, bin_h, pw, ph, gh, gw, H, W, T):
 
 def ps_roi_align(x, boxes, batch, output_size, spatial_scale, sampling_ratio, rules):
     """Forward: output (n, d, ph, pw) averages the samples of channel ``(d*PH + ph)*PW + pw``;
-    out-of-range samples add a plain 0; the sum is divided by ``(T)(gh*gw)`` unclamped."""
+    out-of-range samples add a plain 0 (torchvision) or ``0 * v[0, 0]`` per corner (MXNet's
+    pre-computed zero weights at index 0); the sum is divided by ``(T)(gh*gw)`` unclamped,
+    or an empty grid gives 0 (``empty_grid="zero"``)."""
     x = np.asarray(x)
     T = _real_type(x)
     boxes = _boxes_as(boxes, T)
@@ -1003,8 +1007,10 @@ def ps_roi_align(x, boxes, batch, output_size, spatial_scale, sampling_ratio, ru
         for n in range(K):
             b = _batch_index(batch, n, N)
             sw, sh, bin_w, bin_h, gh, gw = _ps_align_box(_box(boxes, n, T), s, sampling_ratio,
-                                                         PH, PW, T)
+                                                         PH, PW, T, rules)
             count = T(gh * gw)
+            if rules.empty_grid == "zero" and (gh <= 0 or gw <= 0):
+                continue
             for d in range(D):
                 for ph in range(PH):
                     for pw in range(PW):
@@ -1013,6 +1019,9 @@ def ps_roi_align(x, boxes, batch, output_size, spatial_scale, sampling_ratio, ru
                         for ok, (yl, yh, xl, xh), (w1, w2, w3, w4) in _ps_align_bin(
                                 sw, sh, bin_w, bin_h, pw, ph, gh, gw, H, W, T):
                             val = T(0)
+                            if not ok and rules.outside == "first":
+                                zero = T(0) * v[0, 0]
+                                val = ((zero + zero) + zero) + zero
                             if ok:
                                 val = ((w1 * v[yl, xl] + w2 * v[yl, xh])
                                        + w3 * v[yh, xl]) + w4 * v[yh, xh]
@@ -1032,7 +1041,7 @@ def ps_roi_align_backward(grad_output, boxes, batch, input_shape, output_size, s
         for n in range(g.shape[0]):
             b = _batch_index(batch, n, N)
             sw, sh, bin_w, bin_h, gh, gw = _ps_align_box(_box(boxes, n, T), s, sampling_ratio,
-                                                         PH, PW, T)
+                                                         PH, PW, T, rules)
             count = T(gh * gw)
             for d in range(D):
                 for ph in range(PH):

@@ -1,7 +1,10 @@
-"""MXNet: ``mx.nd`` ROIPooling / contrib.PSROIPooling / contrib.ROIAlign against
+"""MXNet: ``mx.nd`` ROIPooling / contrib.PSROIPooling / contrib.ROIAlign (also
+position-sensitive) against
 ``roicore.adapters.mxnet``, and GluonCV's FPN RoI features (``_pyramid_roi_feats``, align
 mode) written on ``mx.nd`` against the adapter's ``pyramid_roi_feats``."""
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
@@ -10,13 +13,19 @@ from . import Harness as Base
 
 # operator -> MXNet's name for it (the adapter uses the same names), and its parameters for a
 # case pooling to PH x PW
-NAMES = {"roi_pool": "ROIPooling", "psroi_pool": "PSROIPooling", "roi_align": "ROIAlign"}
+NAMES = {"roi_pool": "ROIPooling", "psroi_pool": "PSROIPooling", "roi_align": "ROIAlign",
+         "ps_roi_align": "ROIAlign"}
 PARAMS = {
     "roi_pool": lambda c, PH, PW: dict(pooled_size=(PH, PW), spatial_scale=c["spatial_scale"]),
     "psroi_pool": lambda c, PH, PW: dict(spatial_scale=c["spatial_scale"], pooled_size=PH,
                                          output_dim=c["x"].shape[1] // (PH * PW), group_size=PH),
     "roi_align": lambda c, PH, PW: dict(pooled_size=(PH, PW), spatial_scale=c["spatial_scale"],
                                         sample_ratio=c["sampling_ratio"], aligned=c["aligned"]),
+    # roicore's ps_roi_align is aligned (torchvision's); MXNet's aligned=False is compared in
+    # the adapter's tests
+    "ps_roi_align": lambda c, PH, PW: dict(
+        pooled_size=(PH, PW), spatial_scale=c["spatial_scale"], sample_ratio=c["sampling_ratio"],
+        aligned=True, position_sensitive=True),
 }
 # the pyramid operator (cases.PYRAMID_OPS) of the adapter: pyramid_roi_feats
 PYRAMID = "multi_scale_roi_align"
@@ -50,6 +59,7 @@ def _not_aligned(case):
 
 # what each native op cannot take (Harness.restrict)
 QUIRKS = {"psroi_pool": _square_only, "roi_align": _no_empty_aligned_boxes,
+          "ps_roi_align": lambda case: _no_empty_aligned_boxes(dict(case, aligned=True)),
           PYRAMID: _not_aligned}
 
 
@@ -98,8 +108,8 @@ class Harness(Base):
     install = 'pip install "roicore[mxnet]"'
     parity_claims = {op: (F32, F64) for op in tuple(NAMES) + (PYRAMID,)}
     native_text = "mx.nd ROIPooling / contrib.ROIAlign / contrib.PSROIPooling"
-    parity_text = ("mx.nd ROIPooling / contrib.PSROIPooling / contrib.ROIAlign / GluonCV's "
-                   "_pyramid_roi_feats vs roicore.adapters.mxnet")
+    parity_text = ("mx.nd ROIPooling / contrib.PSROIPooling / contrib.ROIAlign (also "
+                   "position-sensitive) / GluonCV's _pyramid_roi_feats vs roicore.adapters.mxnet")
     training_modes = ("eager",)
 
     def __init__(self, threads=None):
@@ -225,5 +235,7 @@ class Harness(Base):
         return None if t is None else t.asnumpy()
 
     def core_rules(self):
-        return dict.fromkeys(("roi_pool", "roi_pool/saving", "roi_pool/backward", "roi_align",
-                              "psroi_pool"), "mxnet")
+        from roicore.core.conventions import PSROI_ALIGN
+        return dict(dict.fromkeys(("roi_pool", "roi_pool/saving", "roi_pool/backward",
+                                   "roi_align", "psroi_pool"), "mxnet"),
+                    ps_roi_align=dataclasses.replace(PSROI_ALIGN["mxnet"], box="aligned"))

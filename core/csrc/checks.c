@@ -426,7 +426,8 @@ static const field_spec ROI_ALIGN_FIELDS[ROICORE_ROI_ALIGN_RULES_FIELDS] = {
     {"backward_min_size_always", 0, 1, 0}, {"reduction", 0, 1, ROICORE_REDUCTION_MEAN},
 };
 static const field_spec PS_ROI_ALIGN_FIELDS[ROICORE_PS_ROI_ALIGN_RULES_FIELDS] = {
-    {"scale_precision", 0, 1, 0},
+    {"scale_precision", 0, 1, 0}, {"box", 0, 1, ROICORE_PS_ALIGN_BOX_ALIGNED},
+    {"outside", 0, 1, ROICORE_OUTSIDE_ZERO}, {"empty_grid", 0, 1, ROICORE_PS_EMPTY_GRID_DIVIDE},
 };
 static const field_spec LEVEL_FIELDS[ROICORE_LEVEL_RULES_FIELDS] = {
     {"pixel_offset", 0, 1, 0}, {"epsilon", 0, 1, 0}, {"epsilon_inside", 0, 1, 0},
@@ -504,7 +505,8 @@ int roicore_check_roi_align_rules(const roicore_roi_align_rules *r, roicore_erro
 
 int roicore_check_ps_roi_align_rules(const roicore_ps_roi_align_rules *r, roicore_error *err) {
     if (!r) return roicore_fail(err, ROICORE_ERR_ARGUMENT, "PS-RoIAlign rules are missing (NULL)");
-    CHECK_RULES("PSRoIAlignRules", PS_ROI_ALIGN_FIELDS, r->scale_precision);
+    CHECK_RULES("PSRoIAlignRules", PS_ROI_ALIGN_FIELDS, r->scale_precision, r->box, r->outside,
+                r->empty_grid);
 }
 
 int roicore_check_level_rules(const roicore_level_rules *r, roicore_error *err) {
@@ -573,7 +575,9 @@ roicore_status roicore_ps_roi_align_rules_from_array(const int64_t *f, int64_t n
                                                      roicore_error *err) {
     RULES_FROM_ARRAY("PSRoIAlignRules", PS_ROI_ALIGN_FIELDS, ROICORE_PS_ROI_ALIGN_RULES_FIELDS,
                      ROICORE_PS_ROI_ALIGN_RULES_REQUIRED, roicore_check_ps_roi_align_rules,
-                     r->scale_precision = (roicore_precision)v[0]);
+                     r->scale_precision = (roicore_precision)v[0];
+                     r->box = (roicore_ps_align_box)v[1]; r->outside = (roicore_outside)v[2];
+                     r->empty_grid = (roicore_ps_empty_grid)v[3]);
 }
 
 roicore_status roicore_level_rules_from_array(const int64_t *f, int64_t n,

@@ -1,4 +1,4 @@
-/* Position-sensitive RoIAlign (torchvision ps_roi_align), forward and backward
+/* Position-sensitive RoIAlign (torchvision ps_roi_align, MXNet), forward and backward
  * (ps_roi_align_typed.h holds the arithmetic, written once for both dtypes). */
 #include "checks.h"
 
@@ -39,9 +39,10 @@ roicore_status roicore_ps_roi_align_forward(const roicore_ps_roi_align_rules *ru
     roicore_run_init(&run, exec);
     roicore_advise_output(ROICORE_WRITABLE(out), roicore_tensor_bytes(out));
     if (x->dtype == ROICORE_FLOAT32)
-        return (roicore_status)ps_align_forward_f32(x, boxes, scale, sampling_ratio, out, &run,
-                                                    err);
-    return (roicore_status)ps_align_forward_f64(x, boxes, scale, sampling_ratio, out, &run, err);
+        return (roicore_status)ps_align_forward_f32(rules, x, boxes, scale, sampling_ratio, out,
+                                                    &run, err);
+    return (roicore_status)ps_align_forward_f64(rules, x, boxes, scale, sampling_ratio, out, &run,
+                                                err);
 }
 
 roicore_status roicore_ps_roi_align_backward(const roicore_ps_roi_align_rules *rules,
@@ -62,7 +63,8 @@ roicore_status roicore_ps_roi_align_backward(const roicore_ps_roi_align_rules *r
     roicore_run_init(&run, exec);
     roicore_advise_output(ROICORE_WRITABLE(dx), roicore_tensor_bytes(dx));
     if (dx->dtype == ROICORE_FLOAT32)
-        return (roicore_status)ps_align_backward_f32(g, boxes, scale, sampling_ratio, dx, &run,
-                                                     err);
-    return (roicore_status)ps_align_backward_f64(g, boxes, scale, sampling_ratio, dx, &run, err);
+        return (roicore_status)ps_align_backward_f32(rules, g, boxes, scale, sampling_ratio, dx,
+                                                     &run, err);
+    return (roicore_status)ps_align_backward_f64(rules, g, boxes, scale, sampling_ratio, dx, &run,
+                                                 err);
 }

@@ -252,10 +252,26 @@ typedef struct {
     int32_t reserved[11];
 } roicore_roi_align_rules;
 
+typedef enum {
+    ROICORE_PS_ALIGN_BOX_ALIGNED = 0,   /* "aligned": shifted by -0.5 pixel, no minimum size */
+    ROICORE_PS_ALIGN_BOX_UNALIGNED = 1  /* "unaligned": unshifted, at least 1 x 1 pixel */
+} roicore_ps_align_box;
+typedef enum {
+    ROICORE_OUTSIDE_ZERO = 0,  /* "zero": a sample outside the map adds a plain 0 */
+    ROICORE_OUTSIDE_FIRST = 1  /* "first": ... adds 0 * v[0, 0] per corner (Caffe2, MXNet) */
+} roicore_outside;
+typedef enum {
+    ROICORE_PS_EMPTY_GRID_DIVIDE = 0,  /* "divide": the sum divided by the grid (0/0 = NaN) */
+    ROICORE_PS_EMPTY_GRID_ZERO = 1     /* "zero": a grid with no samples gives 0 */
+} roicore_ps_empty_grid;
+
 /* PSRoIAlignRules */
 typedef struct {
     roicore_precision scale_precision;  /* INPUT or FLOAT32 */
-    int32_t reserved[15];
+    roicore_ps_align_box box;           /* default ALIGNED */
+    roicore_outside outside;            /* default ZERO */
+    roicore_ps_empty_grid empty_grid;   /* default DIVIDE */
+    int32_t reserved[12];
 } roicore_ps_roi_align_rules;
 
 typedef enum {
@@ -322,7 +338,7 @@ typedef struct {
 #define ROICORE_PS_ROI_POOL_RULES_REQUIRED 1
 #define ROICORE_ROI_ALIGN_RULES_FIELDS 5
 #define ROICORE_ROI_ALIGN_RULES_REQUIRED 4
-#define ROICORE_PS_ROI_ALIGN_RULES_FIELDS 1
+#define ROICORE_PS_ROI_ALIGN_RULES_FIELDS 4
 #define ROICORE_PS_ROI_ALIGN_RULES_REQUIRED 1
 #define ROICORE_LEVEL_RULES_FIELDS 6
 #define ROICORE_LEVEL_RULES_REQUIRED 4
@@ -498,9 +514,10 @@ roicore_status roicore_roi_align_backward(const roicore_roi_align_rules *rules,
                                           const roicore_out_tensor *grad_input,
                                           const roicore_exec *exec, roicore_error *err);
 
-/* Position-sensitive RoIAlign (torchvision ps_roi_align): x has C = D * PH * PW channels,
- * out is (K, D, PH, PW).  Always aligned; sampling_ratio <= 0: ceil(bin size) samples per
- * bin and axis. */
+/* Position-sensitive RoIAlign (torchvision ps_roi_align, MXNet ROIAlign with
+ * position_sensitive): x has C = D * PH * PW channels, out is (K, D, PH, PW); the boxes
+ * aligned or not as rules->box says; sampling_ratio <= 0: ceil(bin size) samples per bin and
+ * axis. */
 roicore_status roicore_ps_roi_align_forward(const roicore_ps_roi_align_rules *rules,
                                             const roicore_tensor *x, const roicore_boxes *boxes,
                                             double spatial_scale, int64_t sampling_ratio,

@@ -1,7 +1,8 @@
 """roicore.adapters.mxnet against MXNet 1.9.1's own CPU operators, bit for bit.
 
 Every parity case runs the adapter and the native op (``mx.nd.ROIPooling``,
-``mx.nd.contrib.PSROIPooling``, ``mx.nd.contrib.ROIAlign``) on the same NDArrays and
+``mx.nd.contrib.PSROIPooling``, ``mx.nd.contrib.ROIAlign``, also with
+``position_sensitive=True``) on the same NDArrays and
 requires identical outputs, identical gradients through ``mx.autograd`` for a random head
 gradient (and a zero rois gradient in both), and for ROIPooling a native hidden ``maxidx``
 equal to roicore's global argmax.  Inputs MXNet mishandles are never sent to it in-process:
@@ -51,10 +52,12 @@ def _ps(x, rois, spatial_scale, output_dim, pooled_size, group_size=0):
                         pooled_size=pooled_size, group_size=group_size))
 
 
-def _align(x, rois, pooled_size, spatial_scale, sample_ratio, aligned):
-    return dict(op="ROIAlign", x=x, rois=np.asarray(rois, np.float64),
-                kw=dict(pooled_size=tuple(pooled_size), spatial_scale=spatial_scale,
-                        sample_ratio=sample_ratio, aligned=aligned))
+def _align(x, rois, pooled_size, spatial_scale, sample_ratio, aligned, position_sensitive=False):
+    kw = dict(pooled_size=tuple(pooled_size), spatial_scale=spatial_scale,
+              sample_ratio=sample_ratio, aligned=aligned)
+    if position_sensitive:
+        kw["position_sensitive"] = True
+    return dict(op="ROIAlign", x=x, rois=np.asarray(rois, np.float64), kw=kw)
 
 
 def _arange(*shape):
@@ -103,6 +106,7 @@ def _hard_cases():
     reversed_ = [[0, 20, 20, 5, 5], [1, 30, 10, 30, 10], [0, 7.5, 3, 2.2, 40]]
     ps_x = rng.standard_normal((2, 2 * 9, 40, 44))       # D=2, G=3
     ps_x7 = rng.standard_normal((1, 3 * 49, 30, 30))     # D=3, G=7
+    ps_x49 = rng.standard_normal((2, 2 * 49, 30, 30))    # D=2, 7 x 7
     cases = [
         # P=7 with RoI heights 57 and 29: float bins floor(p*rh/P) go off by one in float32
         # (57) and float64 (29); MXNet bins in the input dtype.
@@ -125,7 +129,11 @@ def _hard_cases():
                 boxes = boxes + reversed_ + [[0, 5, 5, 5, 5]]
             cases += [_align(big, boxes, (7, 7), 1.0, ratio, aligned),
                       _align(big, halves16 + [[0, 0, 0, 600, 700]], (3, 2), 1 / 16, ratio, aligned),
-                      _align(big, boxes, (2, 3), 0.7, ratio, aligned)]
+                      _align(big, boxes, (2, 3), 0.7, ratio, aligned),
+                      _align(ps_x, boxes, (3, 3), 1.0, ratio, aligned, True),
+                      _align(ps_x[:, :12], boxes, (2, 3), 0.7, ratio, aligned, True),
+                      _align(ps_x49, halves16 + [[0, 0, 0, 600, 700]], (7, 7), 1 / 16, ratio,
+                             aligned, True)]
     return cases
 
 
@@ -152,6 +160,16 @@ def _random_cases(n=12):
             x = rng.standard_normal((N, int(rng.integers(1, 5)), H, W))
             cases.append(_align(x, boxes, (PH, PW), scale, int(rng.choice([-1, 0, 1, 2, 3])),
                                 aligned))
+    for seed in range(n // 3):  # position-sensitive RoIAlign
+        rng = np.random.default_rng(2000 + seed)
+        N, H, W = int(rng.integers(1, 3)), int(rng.integers(1, 30)), int(rng.integers(1, 30))
+        scale = float(rng.choice([1.0, 0.5, 0.7, 1 / 16]))
+        PH, PW, D = int(rng.integers(1, 6)), int(rng.integers(1, 6)), int(rng.integers(1, 4))
+        aligned = bool(seed % 2)
+        boxes = _random_boxes(rng, int(rng.integers(1, 9)), N, H, W, scale, outside=not aligned)
+        x = rng.standard_normal((N, D * PH * PW, H, W))
+        cases.append(_align(x, boxes, (PH, PW), scale, int(rng.choice([-1, 0, 1, 2, 3])),
+                            aligned, True))
     return cases
 
 
@@ -263,9 +281,10 @@ def test_roi_pooling_argmax_is_native_maxidx(group, i, case, dtype):
 def test_case_groups_cover_the_brief():
     ops = {(g, c["op"]) for g, _, c in CASES}
     assert {("hard", op) for op in NATIVE} <= ops and {("random", op) for op in NATIVE} <= ops
-    align = {(c["kw"]["aligned"], c["kw"]["sample_ratio"]) for _, _, c in CASES
-             if c["op"] == "ROIAlign"}
-    assert {(False, -1), (False, 2), (True, -1), (True, 2)} <= align
+    for ps in (False, True):
+        align = {(c["kw"]["aligned"], c["kw"]["sample_ratio"]) for _, _, c in CASES
+                 if c["op"] == "ROIAlign" and c["kw"].get("position_sensitive", False) == ps}
+        assert {(False, -1), (False, 2), (True, -1), (True, 2)} <= align
     assert any(c["op"] == "PSROIPooling"
                and c["kw"]["group_size"] not in (0, c["kw"]["pooled_size"]) for _, _, c in CASES)
 
@@ -393,6 +412,8 @@ def _masked_case(op):
         return _roi(x, rois, (3, 2), 0.5)
     if op == "PSROIPooling":
         return _ps(x, rois, 0.5, 2, 2)
+    if op == "ROIAlign-ps":
+        return _align(x, rois, (2, 2), 0.5, 2, False, True)
     return _align(x, rois, (3, 2), 0.5, 2, False)
 
 
@@ -599,10 +620,41 @@ def test_symbol_rois_shape_checked_at_bind():
         out.infer_shape(data=(1, 1, 4, 4), rois=(3, 4))
 
 
-def test_position_sensitive_roi_align_is_not_implemented():
-    x, r = mx.nd.ones((1, 4, 4, 4)), mx.nd.array([[0, 0, 0, 2, 2]])
-    with pytest.raises(NotImplementedError, match="position_sensitive"):
+@pytest.mark.parametrize("aligned", [False, True])
+def test_position_sensitive_outside_samples_carry_the_first_value_as_mxnet(aligned):
+    """MXNet adds 0 * v[0, 0] for a sample off the map, so a non-finite first value of a
+    plane reaches every bin with such a sample (torchvision's ps_roi_align adds 0)."""
+    x = np.random.default_rng(3).standard_normal((2, 2 * 4, 9, 10))
+    x[:, :, 0, 0] = [np.nan, np.inf, -np.inf, 1, np.nan, 2, np.inf, 3]
+    rois = [[0, -30, -20, 4, 6], [1, 12, 10, 40, 35], [0, 2, 3, 7, 8], [1, -9, 4, 3, 30]]
+    case = _align(x, rois, (2, 2), 1.0, 2, aligned, True)
+    for dtype in DTYPES:
+        expected, _, _ = native(case, dtype)
+        got, _, _ = adapter(case, dtype)
+        assert np.isnan(expected).any() and not np.isnan(expected).all()
+        np.testing.assert_array_equal(got, expected)  # NaN where MXNet has NaN, else equal
+
+
+def test_position_sensitive_channel_count_checked():
+    x, r = mx.nd.ones((1, 10, 4, 4)), mx.nd.array([[0, 0, 0, 2, 2]])
+    message = r"multiple of pooled_size\[0\] \* pooled_size\[1\] = 4 channels .* got 10"
+    with pytest.raises(ValueError, match=message):
         mxa.ROIAlign(x, r, (2, 2), 1.0, position_sensitive=True)
+    with pytest.raises(mx.base.MXNetError):  # the native op refuses it too
+        mx.nd.contrib.ROIAlign(x, r, (2, 2), 1.0, position_sensitive=True).wait_to_read()
+    out = mxa.ROIAlign(mx.sym.var("data"), mx.sym.var("rois"), (2, 2), 1.0,
+                       position_sensitive=True)
+    with pytest.raises(mx.base.MXNetError):  # MXNet prints our ValueError, raises its own
+        out.infer_shape(data=(1, 10, 4, 4), rois=(3, 5))
+    assert out.infer_shape(data=(1, 12, 4, 4), rois=(3, 5))[1] == [(3, 3, 2, 2)]
+
+
+def test_position_sensitive_aligned_empty_box_is_zero_not_sent_to_native():
+    """MXNet aborts on an aligned box of size <= 0; roicore gives 0 with adaptive sampling."""
+    x = mx.nd.array(np.random.default_rng(4).standard_normal((1, 8, 6, 6)))
+    rois = mx.nd.array([[0, 2, 2, 2, 5], [0, 4, 1, 1, 3], [0, 1, 1, 4, 4]])
+    y = mxa.ROIAlign(x, rois, (2, 2), 1.0, -1, position_sensitive=True, aligned=True).asnumpy()
+    assert not y[:2].any() and y[2].all()
 
 
 def test_psroi_channel_count_checked():
@@ -799,7 +851,8 @@ def test_symbol_forward_writes_into_the_executor_buffer(spy_core):
 
 @pytest.mark.parametrize("n_threads", [1, 2, None])
 def test_n_threads_does_not_change_results(n_threads):
-    case = _hard_cases()[-1]
+    case = [c for c in _hard_cases() if c["op"] == "ROIAlign"
+            and "position_sensitive" not in c["kw"]][-1]
     dy = head_gradient((len(case["rois"]), 3, 2, 3), np.float32)
     y, dx, _ = adapter(case, np.float32, dy, n_threads=n_threads)
     y_nat, dx_nat, _ = native(case, np.float32, dy)
@@ -959,13 +1012,21 @@ MODEL_OPS = {
                      dict(spatial_scale=0.5, output_dim=8, pooled_size=2)),
     "ROIAlign": (lambda F: F.contrib.ROIAlign,
                  dict(pooled_size=(3, 3), spatial_scale=0.5, sample_ratio=2)),
+    "ROIAlign-ps": (lambda F: F.contrib.ROIAlign,
+                    dict(pooled_size=(2, 2), spatial_scale=0.5, sample_ratio=-1,
+                         position_sensitive=True, aligned=True)),
 }
-OTHER_OP = {"ROIPooling": "ROIAlign", "ROIAlign": "PSROIPooling", "PSROIPooling": "ROIPooling"}
+OTHER_OP = {"ROIPooling": "ROIAlign", "ROIAlign": "PSROIPooling", "PSROIPooling": "ROIPooling",
+            "ROIAlign-ps": "ROIPooling"}
+
+
+def _op_name(model_op):
+    return model_op.split("-")[0]
 
 
 def _pool(name, native, F):
     make, kw = MODEL_OPS[name]
-    fn = make(F) if native else getattr(mxa, name)
+    fn = make(F) if native else getattr(mxa, _op_name(name))
     return lambda f, rois: fn(f, rois, **kw)
 
 
@@ -1139,7 +1200,7 @@ def test_backward_whatever_custom_op_was_declared_last(op):
     CustomOp's backward; roicore's must not depend on which that was."""
     case = _unmasked(_masked_case(op))
     x, r = mx.sym.var("data"), mx.sym.var("rois")
-    out = getattr(mxa, op)(x, r, **case["kw"])
+    out = getattr(mxa, _op_name(op))(x, r, **case["kw"])
     other = mx.sym.Custom(x, x, op_type="test_mxnet_other_custom_op")  # declared last
     ex = out.bind(mx.cpu(), {"data": mx.nd.array(case["x"]), "rois": mx.nd.array(case["rois"])},
                   args_grad={"data": mx.nd.zeros(case["x"].shape)})
@@ -1162,7 +1223,7 @@ def test_graph_keeps_onednn_layout_away_from_the_custom_op(op):
     out = _pool(op, False, mx.sym)(mx.sym.var("data"), mx.sym.var("rois"))
     nodes = json.loads(out.tojson())["nodes"]
     custom = next(n for n in nodes if n["op"] == "Custom")
-    assert custom["attrs"]["op_type"] == f"roicore_{op}"
+    assert custom["attrs"]["op_type"] == f"roicore_{_op_name(op)}"
     assert [nodes[i]["op"] for i, _, _ in custom["inputs"]] == ["Reshape", "Reshape"]
     last = nodes[-1]
     assert last["op"] == "slice_axis" and nodes[last["inputs"][0][0]] is custom

@@ -122,6 +122,9 @@ static const roicore_ps_roi_pool_rules TORCHVISION_PSROI = {
     .scale_precision = ROICORE_PRECISION_INPUT, .formula = ROICORE_PS_ROI_POOL_FORMULA_TORCHVISION};
 static const roicore_ps_roi_align_rules TORCHVISION_PS_ALIGN = {
     .scale_precision = ROICORE_PRECISION_INPUT};
+static const roicore_ps_roi_align_rules MXNET_PS_ALIGN = {
+    .scale_precision = ROICORE_PRECISION_FLOAT32, .box = ROICORE_PS_ALIGN_BOX_UNALIGNED,
+    .outside = ROICORE_OUTSIDE_FIRST, .empty_grid = ROICORE_PS_EMPTY_GRID_ZERO};
 static const roicore_roi_align_rules MXNET_ALIGN = {
     .sampler = ROICORE_SAMPLER_CAFFE2, .scale_precision = ROICORE_PRECISION_FLOAT32,
     .empty_grid = ROICORE_EMPTY_GRID_ZERO, .backward_min_size_always = 0};
@@ -338,11 +341,13 @@ static void mxnet_psroi(void) {
 
 /* torchvision's position-sensitive operators, hand-worked: ps_roi_pool on arange(256) as
  * 4 x 8 x 8 (integer bins, no +1, clamped to row and column 7); ps_roi_align on channels
- * 100*c + 4*h + w, one sample at the centre of each aligned bin. */
+ * 100*c + 4*h + w, one sample at the centre of each aligned bin, and MXNet's unaligned one
+ * at (1 + ph, 1 + pw). */
 static void torchvision_ps(void) {
     static const double boxes[] = {0, 0, 4, 4, 2, 2, 7, 7}, align_box[] = {0.5, 0.5, 2.5, 2.5};
     static const double want[] = {4.5, 70.5, 148.5, 214.5, 27, 93, 171, 237};
     static const double want_align[] = {2.5, 103.5, 206.5, 307.5};
+    static const double want_unaligned[] = {5, 106, 209, 310};
     const int64_t batch[] = {0, 0};
     for (int d = 0; d < 2; ++d) {
         array x = arange(DTYPES[d], 256, 0, 1), c = coords_of(DTYPES[d], boxes, 2);
@@ -365,6 +370,10 @@ static void torchvision_ps(void) {
                                            &one_thread, &err) == ROICORE_OK, "%s", err.message);
         to_doubles(out, got);
         check_values("ps_roi_align", got, want_align, 4, 0);
+        CHECK(roicore_ps_roi_align_forward(&MXNET_PS_ALIGN, &tl, &ba, 1.0, -1, &ta, &one_thread,
+                                           &err) == ROICORE_OK, "%s", err.message);
+        to_doubles(out, got);
+        check_values("mxnet ps_roi_align", got, want_unaligned, 4, 0);
         free(x.data); free(c.data); free(out.data); free(lin.data); free(ca.data);
     }
 }
@@ -858,6 +867,19 @@ static void contract(void) {
               ar.reduction == ROICORE_REDUCTION_SUM, "%s", err.message);
     const int64_t align_bad[] = {0, 0, 0, 0, 2};
     EXPECT(roicore_roi_align_rules_from_array(align_bad, 5, &ar, &err), ROICORE_ERR_ARGUMENT);
+    /* PSRoIAlignRules box, outside, empty_grid: a 1-field array (before them) is torchvision's */
+    roicore_ps_roi_align_rules pa;
+    memset(&pa, 0x5a, sizeof pa);
+    const int64_t ps_align_mxnet[] = {1, 1, 1, 1, 0};
+    CHECK(roicore_ps_roi_align_rules_from_array(ps_align_mxnet, 1, &pa, &err) == ROICORE_OK &&
+              pa.box == ROICORE_PS_ALIGN_BOX_ALIGNED && pa.outside == ROICORE_OUTSIDE_ZERO &&
+              pa.empty_grid == ROICORE_PS_EMPTY_GRID_DIVIDE && pa.reserved[11] == 0,
+          "%s", err.message);
+    CHECK(roicore_ps_roi_align_rules_from_array(ps_align_mxnet, 4, &pa, &err) == ROICORE_OK &&
+              pa.box == ROICORE_PS_ALIGN_BOX_UNALIGNED && pa.outside == ROICORE_OUTSIDE_FIRST &&
+              pa.empty_grid == ROICORE_PS_EMPTY_GRID_ZERO, "%s", err.message);
+    EXPECT(roicore_ps_roi_align_rules_from_array(ps_align_mxnet, 5, &pa, &err),
+           ROICORE_ERR_ARGUMENT);
     /* NULL arrays and outputs, out-of-range codes */
     EXPECT(roicore_max_pool_rules_from_array(NULL, 7, &mp, &err), ROICORE_ERR_ARGUMENT);
     EXPECT(roicore_max_pool_rules_from_array(max_fields, 7, NULL, &err), ROICORE_ERR_ARGUMENT);

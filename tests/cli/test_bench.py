@@ -12,13 +12,13 @@ from cli_run import check_skips, flat, report_of, roicore
 HAS_MPL = importlib.util.find_spec("matplotlib") is not None
 # the native operators each framework's harness times, per operator
 NATIVES = {"paddle": {"roi_pool", "roi_align", "psroi_pool"},
-           "mxnet": {"roi_pool", "roi_align", "psroi_pool"},
+           "mxnet": {"roi_pool", "roi_align", "psroi_pool", "ps_roi_align"},
            "openvino": {"roi_pool", "roi_align", "psroi_pool", "roi_pool_bilinear"},
            "onnxruntime": {"roi_pool", "roi_align", "roi_pool_bilinear", "roi_pool_nearest"},
            "tensorflow": {"roi_pool", "roi_pool_bilinear", "roi_pool_nearest"},
            "torch": {"roi_pool", "roi_align", "psroi_pool", "ps_roi_align"}}
 ADAPTERS = {"paddle": {"roi_pool", "roi_align", "psroi_pool"},
-            "mxnet": {"roi_pool", "roi_align", "psroi_pool"},
+            "mxnet": {"roi_pool", "roi_align", "psroi_pool", "ps_roi_align"},
             "tensorflow": {"roi_pool", "roi_align", "psroi_pool", "roi_pool_bilinear",
                            "roi_pool_nearest"},
             "torch": {"roi_pool", "roi_align", "psroi_pool", "ps_roi_align"}}

@@ -36,7 +36,7 @@ def test_parity_short_run(parity_run):
                                              "multi_scale_roi_align")
                          for dt in ("float32", "float64")},
               "mxnet": {(op, dt) for op in ("roi_pool", "psroi_pool", "roi_align",
-                                            "multi_scale_roi_align")
+                                            "ps_roi_align", "multi_scale_roi_align")
                         for dt in ("float32", "float64")},
               "tensorflow": {("roi_pool_bilinear", "float32"), ("roi_pool_nearest", "float32"),
                              ("multi_scale_roi_align", "float32"),

@@ -224,12 +224,21 @@ def test_psroi_pool_torchvision_backward_bins_differ_from_the_forward():
 
 # --- position-sensitive RoIAlign -------------------------------------------------------
 
-@pytest.mark.parametrize("convention", sorted(PSROI_ALIGN))
+# each convention, and every value of each rules field at least once
+PS_ALIGN_RULES = dict(PSROI_ALIGN, **{
+    "mxnet-aligned": dataclasses.replace(PSROI_ALIGN["mxnet"], box="aligned"),
+    "torchvision-empty-zero": dataclasses.replace(PSROI_ALIGN["torchvision"], empty_grid="zero"),
+})
+
+
+@pytest.mark.parametrize("variant", sorted(PS_ALIGN_RULES))
 @given(case=cases(channels=1, max_p=3), out_ch=st.integers(1, 6),
-       sampling_ratio=st.sampled_from([-1, 0, 1, 2, 3]))
-def test_ps_roi_align_matches_reference(convention, case, out_ch, sampling_ratio):
+       sampling_ratio=st.sampled_from([-1, 0, 1, 2, 3]), nan_corner=st.booleans())
+def test_ps_roi_align_matches_reference(variant, case, out_ch, sampling_ratio, nan_corner):
     x, rng = _position_sensitive_map(case, out_ch)
-    rules = PSROI_ALIGN[convention]
+    if nan_corner:  # what a sample off the map adds: 0, or 0 * v[0, 0]
+        x[:, ::2, 0, 0] = np.nan
+    rules = convention = PS_ALIGN_RULES[variant]
     y = rc.ps_roi_align(x, case.rois, case.output_size, case.spatial_scale, sampling_ratio,
                         convention=convention)
     assert_same(y, ref.ps_roi_align(x, case.boxes, case.batch, case.output_size,

@@ -267,7 +267,7 @@ class TestMethodConventionFlags:
         ("roi_pool_backward_max", "tensorflow"), ("roi_pool_backward_bilinear", "paddle"),
         ("roi_pool_nearest", "mxnet"), ("roi_pool_backward_nearest", "torchvision"),
         ("psroi_pool", "openvino"), ("psroi_pool_backward", "openvino"),
-        ("ps_roi_align", "mxnet"), ("ps_roi_align_backward", "paddle"),
+        ("ps_roi_align", "paddle"), ("ps_roi_align_backward", "tensorflow"),
         ("roi_align", "openvino"), ("roi_align_backward", "tensorflow"),
     ])
     def test_convention_of_another_op(self, op, other):
