@@ -819,7 +819,9 @@ def ROIAlign(data=None, rois=None, pooled_size=None, spatial_scale=None, sample_
     Masked rows give 0 (MXNet leaves them unwritten and writes 0 into another RoI's first
     element); a batch index >= N or non-finite raises ValueError (MXNet reads out of bounds,
     or casts it to int with undefined behaviour); with ``aligned=True`` a box of size <= 0
-    gives 0 (MXNet aborts the process); ``spatial_scale=0`` raises (MXNet collapses every
+    (MXNet aborts the process) gives 0 with adaptive sampling, and with a fixed
+    ``sample_ratio`` its samples taken as the frameworks' formula places them (a reversed box
+    back to front); ``spatial_scale=0`` raises (MXNet collapses every
     box to a point); ``rois`` of another float dtype than ``data`` are cast to it (MXNet
     raises); with ``position_sensitive=True`` a channel count that ``PH * PW`` does not
     divide raises ValueError (MXNet: MXNetError); float16 is computed in float32.

@@ -502,7 +502,7 @@ def _thread_cases():
         ps3, many, 7, 1 / 16, group_size=3, convention="mxnet", n_threads=n)
     yield "psroi_pool backward group 3", lambda n: rc.psroi_pool_backward(
         g3, many, ps3.shape, 1 / 16, group_size=3, convention="mxnet", n_threads=n)
-    # 7 output channels: a block of four computed side by side, and three alone
+    # 7 output channels
     ps_box = rng.standard_normal((2, 7 * 49, 19, 23)).astype(np.float32)
     g_ps = rng.standard_normal((80, 7, 7, 7)).astype(np.float32)
     yield "psroi_pool torchvision", lambda n: rc.psroi_pool(
@@ -512,6 +512,13 @@ def _thread_cases():
     yield "ps_roi_align", lambda n: rc.ps_roi_align(ps_box, rois, 7, 1 / 16, -1, n_threads=n)
     yield "ps_roi_align backward", lambda n: rc.ps_roi_align_backward(
         g_ps, rois, ps_box.shape, 1 / 16, 2, n_threads=n)
+    # PS-RoIAlign's tasks take a cell's channels in runs of 32 lanes: 40 is a run and a part
+    ps40 = rng.standard_normal((2, 40 * 9, 19, 23))
+    g40 = rng.standard_normal((80, 40, 3, 3))
+    yield "ps_roi_align mxnet 40 channels", lambda n: rc.ps_roi_align(
+        ps40, rois, 3, 1 / 16, -1, convention="mxnet", n_threads=n)
+    yield "ps_roi_align backward mxnet 40 channels", lambda n: rc.ps_roi_align_backward(
+        g40, rois, ps40.shape, 1 / 16, 2, convention="mxnet", n_threads=n)
     for conv in ("mxnet", "paddle"):
         yield f"roi_align {conv}", lambda n, c=conv: rc.roi_align(
             x, rois, 7, 1 / 16, -1, True, convention=c, n_threads=n)
