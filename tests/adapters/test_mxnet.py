@@ -194,6 +194,11 @@ NATIVE = {"ROIPooling": lambda: mx.nd.ROIPooling,
           "ROIAlign": lambda: mx.nd.contrib.ROIAlign}
 
 
+def _op_name(variant):
+    """The adapter's function of a test variant such as "ROIAlign-ps"."""
+    return variant.split("-")[0]
+
+
 def _safe_for_native(case):
     """The MXNet-crashing inputs (see module docstring) must never reach the native op."""
     r, s = case["rois"], case["kw"]["spatial_scale"]
@@ -566,17 +571,20 @@ def _gradient_check_case(op):
     return _fractional_case(op, rois) | {"x": x}
 
 
-@pytest.mark.parametrize("op", list(NATIVE))
+@pytest.mark.parametrize("op", list(NATIVE) + ["ROIAlign-ps"])
 def test_mxnet_numeric_gradient_check_passes(op, monkeypatch):
     """mx.test_utils.check_numeric_gradient, the check MXNet's own operator tests use,
     moves every input by +-eps/2, the batch column of rois too (0 -> -0.00005, 1 ->
     0.99995), and must pass for the adapter's graph as it does for MXNet's op."""
     if "bool" not in vars(np):  # mxnet.test_utils reads np.bool when it runs
         monkeypatch.setitem(vars(np), "bool", np.bool_)
-    case = _gradient_check_case(op)
+    case = _gradient_check_case(_op_name(op))
+    if op == "ROIAlign-ps":  # 2 output channels of 2 x 3 cells
+        case["x"] = np.concatenate([case["x"], case["x"][:, :4] + 10.0], axis=1)
+        case["kw"] = dict(case["kw"], pooled_size=(2, 3), position_sensitive=True)
     natives = {"ROIPooling": mx.sym.ROIPooling, "PSROIPooling": mx.sym.contrib.PSROIPooling,
                "ROIAlign": mx.sym.contrib.ROIAlign}
-    for fn in (natives[op], getattr(mxa, op)):
+    for fn in (natives[_op_name(op)], getattr(mxa, _op_name(op))):
         sym = fn(mx.sym.var("data"), mx.sym.var("rois"), **case["kw"])
         mx.test_utils.check_numeric_gradient(
             sym, [case["x"], case["rois"]], grad_nodes={"data": "write", "rois": "null"},
@@ -1018,10 +1026,6 @@ MODEL_OPS = {
 }
 OTHER_OP = {"ROIPooling": "ROIAlign", "ROIAlign": "PSROIPooling", "PSROIPooling": "ROIPooling",
             "ROIAlign-ps": "ROIPooling"}
-
-
-def _op_name(model_op):
-    return model_op.split("-")[0]
 
 
 def _pool(name, native, F):

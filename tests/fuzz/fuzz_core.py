@@ -17,6 +17,7 @@ exit status: 0 when every case behaved, 1 on a mismatch or a crash.
 """
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import sys
 
@@ -52,7 +53,9 @@ def make_case(seed):
              # the box gradient is TensorFlow's only
              "boxes": {"tensorflow": conventions.BILINEAR_POOL["tensorflow"]},
              "psroi": conventions.PSROI_POOL, "align": conventions.ROI_ALIGN,
-             "ps_align": conventions.PSROI_ALIGN,
+             # MXNet's aligned=True too
+             "ps_align": dict(conventions.PSROI_ALIGN, mxnet_aligned=dataclasses.replace(
+                 conventions.PSROI_ALIGN["mxnet"], box="aligned")),
              # the TF Model Garden's sampler: one sample per bin, unaligned
              "garden": {"model_garden": conventions.MODEL_GARDEN_ALIGN}}[op]
     convention = str(rng.choice(sorted(table)))
@@ -62,6 +65,8 @@ def make_case(seed):
         if rng.random() < 0.5 and op == "psroi" and table[convention].formula == "rfcn":
             group = tuple(int(v) for v in rng.integers(1, 4, 2))
         D = int(rng.integers(1, 7))  # whole blocks of 4 output channels and their tails
+        if op == "ps_align" and rng.random() < 0.1:  # PS-RoIAlign's runs of 32 lanes
+            D = int(rng.integers(30, 40))
         C = D * group[0] * group[1]
     else:
         C = int(rng.choice([1, 2, 3, 8, 9, 33, 64, 70]))
