@@ -25,8 +25,9 @@ Two ways to compute, one set of numbers:
   programs, ``paddle.jit.save`` / ``paddle.jit.load`` and ``paddle.inference`` predictors;
   a process that has imported this module loads a saved model holding them as it stands.
 * **The NumPy path** (``roicore.core`` through ``paddle.autograd.PyLayer``, dygraph only):
-  for outputs of ``LARGE_OUTPUT_BYTES`` (32 MiB) or more (``roicore.core`` reuses freed
-  outputs of that size, where Paddle's allocator maps fresh memory for every call), for
+  for outputs of ``LARGE_OUTPUT_BYTES`` (8 MiB) or more (their memory is reused from call
+  to call, by glibc's heap and from 32 MiB by roicore.core's output cache, where Paddle's
+  allocator maps fresh memory for every call), for
   tensors off the host, and when the operators cannot be built (the import still succeeds,
   and a ``RuntimeWarning`` at the first op call says why, once) or
   ``ROICORE_NATIVE_OPS=0`` turns them off.
@@ -84,8 +85,9 @@ _RULES = {"roi_pool": list(args.rules_codes(conventions.MAX_POOL[CONVENTION])),
           "psroi_pool": list(args.rules_codes(conventions.PSROI_POOL[CONVENTION])),
           "roi_align": list(args.rules_codes(conventions.ROI_ALIGN[CONVENTION]))}
 # The dygraph routing policy (see "Two ways to compute"): outputs of this many bytes or more
-# take the NumPy path, whose outputs come from roicore.core's output cache.
-LARGE_OUTPUT_BYTES = args.OUTPUT_CACHE_MIN_BYTES
+# take the NumPy path, whose output memory is reused from call to call; the operators are
+# faster below it, the NumPy path from it on (docs/performance.md, "Output memory").
+LARGE_OUTPUT_BYTES = 8 << 20
 # dtype objects, compared directly (the names, str(t.dtype), cost a string per check).
 # Variables of the old IR (paddle.pir_utils.OldIrGuard) carry VarType members, which do not
 # equal PIR's DataType members, so both are listed.
@@ -274,8 +276,8 @@ def _native_route(op, x, boxes, boxes_num, out_per_box, n):
     _check_tensors(op, x, boxes, boxes_num, n)
     if paddle.in_dynamic_mode():
         on_host = _check_places(op, x=x, boxes=boxes, boxes_num=boxes_num)
-        # Large outputs take the NumPy path: roicore.core reuses freed outputs of that size,
-        # where Paddle's CPU allocator maps (and the kernel zero-fills) fresh pages each call.
+        # Large outputs take the NumPy path, whose freed outputs are reused, where Paddle's
+        # CPU allocator maps (and the kernel zero-fills) fresh pages each call.
         large = boxes.shape[0] * out_per_box * x.element_size() >= LARGE_OUTPUT_BYTES
         return on_host and not large and _operators() is not None
     if _operators() is None:

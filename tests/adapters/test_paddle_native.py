@@ -443,9 +443,10 @@ def test_no_argmax_without_a_gradient():
 
 
 @pytest.mark.parametrize("op", ["roi_pool", "psroi_pool", "roi_align"])
-def test_dygraph_routes_outputs_of_32_mib_and_more_through_roicore_core(op, monkeypatch):
-    """Small outputs run the operators; outputs of 32 MiB or more run roicore.core (which
-    reuses freed outputs of that size).  Either way the output and gradient are Paddle's."""
+def test_dygraph_routes_outputs_of_8_mib_and_more_through_roicore_core(op, monkeypatch):
+    """Small outputs run the operators; outputs of 8 MiB or more run roicore.core (whose
+    freed outputs are reused).  Either way the output and gradient are Paddle's."""
+    assert rp.LARGE_OUTPUT_BYTES == 8 << 20
     calls = []
     real = getattr(rp.core, op)
     monkeypatch.setattr(rp.core, op, lambda *a, **k: calls.append(op) or real(*a, **k))
@@ -457,13 +458,14 @@ def test_dygraph_routes_outputs_of_32_mib_and_more_through_roicore_core(op, monk
           "psroi_pool": lambda m, x, b, n: m.psroi_pool(x, b, n, 2, 0.5),
           "roi_align": lambda m, x, b, n: m.roi_align(x, b, n, P, 0.5, 2)}[op]
     per_box = C * 4 * (P * P if op != "psroi_pool" else 1)
-    for k, large in ((16, False), (-(-(32 << 20) // per_box), True)):
+    for k, large in ((16, False), (-(-(8 << 20) // per_box) - 1, False),
+                     (-(-(8 << 20) // per_box), True)):
         xy = rng.uniform(0, 30, (k, 2))
         b = paddle.to_tensor(np.hstack([xy, xy + rng.uniform(1, 10, (k, 2))]).astype("float32"))
         n = paddle.to_tensor([k], "int32")
         calls.clear()
         y = fn(rp, x, b, n)
-        assert bool(calls) == large and (y.size * 4 >= 32 << 20) == large
+        assert bool(calls) == large and (y.size * 4 >= 8 << 20) == large
         g = paddle.ones_like(y)
         y.backward(g)
         got = x.grad.numpy()
