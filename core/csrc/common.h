@@ -109,25 +109,6 @@ static inline roicore_strides roicore_strides_of(const roicore_tensor *t) {
     return s;
 }
 
-/* Channels per task of the backwards whose tasks own whole channels: a box's upstream
- * gradients for a task's channels then share a cache line or two. */
-#define ROICORE_CHANNELS_PER_TASK 16
-
-/* Zero channel c of every image of tensor t: the start of a backward task that owns the
- * channel's gradient planes. */
-static inline void roicore_zero_channel(const roicore_tensor *t, int64_t c) {
-    const size_t size = roicore_dtype_size(t->dtype), plane = (size_t)(t->h * t->w);
-    for (int64_t n = 0; n < t->n; ++n) {
-        char *base = (char *)ROICORE_WRITABLE(t) + (size_t)(n * t->c) * plane * size;
-        if (t->layout == ROICORE_NCHW) {
-            memset(base + (size_t)c * plane * size, 0, plane * size);
-        } else {
-            for (size_t p = 0; p < plane; ++p)
-                memset(base + (p * (size_t)t->c + (size_t)c) * size, 0, size);
-        }
-    }
-}
-
 /* ------------------------------------------------------------------------ errors */
 
 /* Fill `err` (if any) and return `code`. */

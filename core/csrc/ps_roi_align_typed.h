@@ -87,7 +87,7 @@ typedef struct {
     int64_t *rect;   /* per image: r0, rh, c0, rw */
     int64_t *order, *start;
     char *pieces;
-    int64_t piece_bytes, max_grid, D, G, runs;
+    int64_t piece_bytes, lanes_at, max_grid, D, G, runs;  /* lanes_at: into a piece */
 } PS_PLAN;
 
 /* Channels per task: a run of one cell's D channels, the lanes of its sums. */
@@ -169,11 +169,11 @@ static int TYPED(ps_align_plan_make)(PS_PLAN *p, const roicore_ps_roi_align_rule
     }
     for (int64_t b = N; b > 0; --b) p->start[b] = p->start[b - 1];
     p->start[0] = 0;
-    const int64_t samples = roicore_round_up(TYPED(samples_bytes)(2 * p->max_grid), ROICORE_LINE);
+    p->lanes_at = roicore_round_up(TYPED(samples_bytes)(2 * p->max_grid), ROICORE_LINE);
     const int64_t lanes = roicore_min64(p->D, PS_ALIGN_LANES);
     const int64_t block = roicore_mul(roicore_mul(max_pixels, lanes), sizeof(T));
     p->piece_bytes = block < 0 ? -1
-        : roicore_round_up(samples + 2 * PS_ALIGN_LANES * (int64_t)sizeof(T) + block,
+        : roicore_round_up(p->lanes_at + PS_ALIGN_LANES * (int64_t)sizeof(T) + block,
                            ROICORE_LINE);
     p->pieces = (char *)roicore_scratch(roicore_mul(n_threads, p->piece_bytes),
                                         "PS-RoIAlign blocks", err);
@@ -189,11 +189,10 @@ static int TYPED(ps_align_plan_make)(PS_PLAN *p, const roicore_ps_roi_align_rule
 static void TYPED(ps_align_piece)(const PS_PLAN *p, SAMPLES *ys, SAMPLES *xs, T **lanes,
                                   T **block) {
     char *mine = p->pieces + omp_get_thread_num() * p->piece_bytes;
-    const int64_t samples = roicore_round_up(TYPED(samples_bytes)(2 * p->max_grid), ROICORE_LINE);
     *ys = TYPED(carve)(mine, p->max_grid);
     *xs = TYPED(carve)(mine + TYPED(samples_bytes)(p->max_grid), p->max_grid);
-    *lanes = (T *)(mine + samples);
-    *block = *lanes + 2 * PS_ALIGN_LANES;
+    *lanes = (T *)(mine + p->lanes_at);
+    *block = *lanes + PS_ALIGN_LANES;
 }
 
 /* A task: image b, cell g, channels d0 .. d0 + n of the cell. */
